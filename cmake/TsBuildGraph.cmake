@@ -1,0 +1,41 @@
+# Writes the build graph of our own targets to ${CMAKE_BINARY_DIR}/build_graph.tsv, one line per
+# target: name, folder (relative to the repository root), direct link dependencies (comma
+# separated). tests/unit/build/check_build_graph.py checks it against the dependency direction
+# of docs/architecture.md.
+include_guard(GLOBAL)
+
+function(_ts_collect_targets dir out_var)
+  get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(sub IN LISTS subdirs)
+    _ts_collect_targets(${sub} sub_targets)
+    list(APPEND targets ${sub_targets})
+  endforeach()
+  set(${out_var} ${targets} PARENT_SCOPE)
+endfunction()
+
+function(ts_write_build_graph)
+  _ts_collect_targets(${PROJECT_SOURCE_DIR} targets)
+  set(lines "")
+  foreach(t IN LISTS targets)
+    get_target_property(type ${t} TYPE)
+    if(type STREQUAL "UTILITY")
+      continue()
+    endif()
+    get_target_property(dir ${t} SOURCE_DIR)
+    file(RELATIVE_PATH rel ${PROJECT_SOURCE_DIR} ${dir})
+    if(type STREQUAL "INTERFACE_LIBRARY")
+      get_target_property(deps ${t} INTERFACE_LINK_LIBRARIES)
+    else()
+      get_target_property(deps ${t} LINK_LIBRARIES)
+    endif()
+    if(NOT deps)
+      set(deps "")
+    endif()
+    list(JOIN deps "," deps_joined)
+    string(APPEND lines "${t}\t${rel}\t${deps_joined}\n")
+  endforeach()
+  file(WRITE ${PROJECT_BINARY_DIR}/build_graph.tsv.tmp "${lines}")
+  file(COPY_FILE ${PROJECT_BINARY_DIR}/build_graph.tsv.tmp ${PROJECT_BINARY_DIR}/build_graph.tsv
+       ONLY_IF_DIFFERENT)
+endfunction()
