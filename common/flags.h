@@ -12,7 +12,8 @@
 
 namespace tokenselect::common {
 
-// Parses argv (absl flags; --help prints every flag and exits, as absl does before start-up),
+// Parses argv (absl flags; dashes in flag names count as underscores, so --log-level is
+// --log_level; --help prints every flag and exits, as absl does before start-up),
 // applies --log_level, and returns the positional arguments without argv[0].
 // InvalidArgument when --log_level names no level.
 absl::StatusOr<std::vector<std::string>> ParseFlags(int argc, char** argv,

@@ -29,6 +29,17 @@ TEST(FlagsTest, ParsesFlagsAppliesLogLevelAndReturnsPositionals) {
   EXPECT_EQ(spdlog::get_level(), spdlog::level::warn);
 }
 
+TEST(FlagsTest, DashesInFlagNamesAreUnderscoresButValuesAreKept) {
+  std::vector<std::string> args = {"prog", "--test-pages", "5", "--log-level=error", "--",
+                                   "--not-a-flag"};
+  std::vector<char*> argv = Argv(args);
+  auto positional = ParseFlags(static_cast<int>(argv.size()), argv.data(), "usage");
+  ASSERT_TRUE(positional.ok()) << positional.status();
+  EXPECT_EQ(absl::GetFlag(FLAGS_test_pages), 5);
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::err);
+  EXPECT_EQ(*positional, (std::vector<std::string>{"--not-a-flag"}));
+}
+
 TEST(FlagsTest, BadLogLevelIsAnError) {
   std::vector<std::string> args = {"prog", "--log_level=loud"};
   std::vector<char*> argv = Argv(args);
