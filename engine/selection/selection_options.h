@@ -1,0 +1,66 @@
+// Per-run settings of KV-cache token selection (docs/DESIGN.md section 4): which policy picks the
+// attended tokens, its budget (n_init sinks, k picks, n_local recent tokens), the selection-cache
+// threshold theta, the prefill chunk size and the score scale.
+//
+// Policies:
+//   tokenselect  (default) TokenSelect: per-head softmax over the candidates, soft vote
+//                vote[j] = sum_h p[h, j], top-k of the votes.
+//   topk         ablation: top-k of the head-summed logits sum_h s[h, j].
+//   head_vote    ablation: every head votes for its own top-k tokens by s[h, :]; top-k of the
+//                vote counts (ties: higher summed logits, then lower token index).
+//   dense        full attention over every cached token.
+//   streaming    StreamingLLM: n_init sinks plus a recent window. At equal budget the window is
+//                k + n_local tokens, so every policy attends n_init + k + n_local cached tokens.
+#ifndef TOKENSELECT_ENGINE_SELECTION_SELECTION_OPTIONS_H_
+#define TOKENSELECT_ENGINE_SELECTION_SELECTION_OPTIONS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tokenselect::engine {
+
+enum class SelectionPolicyKind {
+  kTokenSelect = 0,
+  kTopK = 1,
+  kHeadVote = 2,
+  kDense = 3,
+  kStreaming = 4,
+};
+
+// The largest token index and budget value: token indices and kernel slot lists are int32.
+inline constexpr int64_t kMaxSelectionTokens = 2147483647;
+
+struct SelectionOptions {
+  SelectionPolicyKind policy = SelectionPolicyKind::kTokenSelect;
+  int64_t n_init = 128;   // attention-sink tokens [0, n_init), always attended
+  int64_t k = 2048;       // tokens picked from the candidates [n_init, N - n_local)
+  int64_t n_local = 512;  // most recent cached tokens [N - n_local, N), always attended
+  // Selection cache (decode): a cached top-k is reused when cosine(q, cached_q) >= theta.
+  // Any finite theta >= -1 is valid: -1 always hits after a layer's first lookup, and a theta
+  // above 1 (e.g. 1.01) never hits, which disables the cache.
+  double theta = 0.9;
+  int64_t chunk_size = 512;  // prefill chunk c (tokens per chunk)
+  float scale = 1.0f;        // s[h, j] = scale * q_h . k_j (1 as in the public TokenSelect code)
+};
+
+// The policy's name as ParsePolicy accepts it: "tokenselect", "topk", "head_vote", "dense",
+// "streaming"; "unknown" for a value outside the enum.
+absl::string_view PolicyName(SelectionPolicyKind kind);
+
+// Inverse of PolicyName (exact, lower case). InvalidArgument naming selection.policy and
+// listing the valid names otherwise.
+absl::StatusOr<SelectionPolicyKind> ParsePolicy(absl::string_view name);
+
+// OK when every field is in range; otherwise InvalidArgument whose message names the field and
+// the offending value, e.g. "selection.k must be >= 0, got -3". Ranges: policy one of the enum
+// values; n_init, k, n_local in [0, kMaxSelectionTokens] with n_init + k + n_local also within
+// it; theta finite and >= -1 (> 1 disables the cache); chunk_size in [1, kMaxSelectionTokens];
+// scale finite and > 0.
+absl::Status ValidateSelectionOptions(const SelectionOptions& options);
+
+}  // namespace tokenselect::engine
+
+#endif  // TOKENSELECT_ENGINE_SELECTION_SELECTION_OPTIONS_H_
