@@ -44,7 +44,7 @@ test: build
 	@cd $(BUILD_DIR) && ctest -L "unit|integration" --output-on-failure -j 2 $(CTEST_ARGS)
 
 run: build
-	@test -f $(DEMO_MODEL)/config.json || $(CLI) make-model --preset demo --out $(DEMO_MODEL)
+	@test -f $(DEMO_MODEL)/config.json || $(CLI) make-model --preset llama-gqa --out $(DEMO_MODEL)
 	@$(CLI) generate --model $(DEMO_MODEL) --prompt "$(PROMPT)" --max_new_tokens 48
 
 format:

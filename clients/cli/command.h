@@ -1,0 +1,27 @@
+// The `tokenselect` command-line tool is a set of subcommands sharing one absl flag namespace.
+// Each subcommand lives in its own *_command.cc, defines its flags there and registers a
+// Command in main.cc's table.
+#ifndef TOKENSELECT_CLIENTS_CLI_COMMAND_H_
+#define TOKENSELECT_CLIENTS_CLI_COMMAND_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tokenselect::cli {
+
+struct Command {
+  const char* name;
+  const char* summary;  // one line for the usage text
+  // Runs the command with the positional arguments that follow its name. Errors are printed by
+  // main() and turned into exit status 1.
+  absl::Status (*run)(const std::vector<std::string>& args);
+};
+
+absl::Status RunMakeModel(const std::vector<std::string>& args);
+absl::Status RunGenerate(const std::vector<std::string>& args);
+
+}  // namespace tokenselect::cli
+
+#endif  // TOKENSELECT_CLIENTS_CLI_COMMAND_H_

@@ -1,0 +1,158 @@
+// tokenselect generate --model DIR --prompt TEXT [--chat] [sampling flags]
+// Offline generation on the CPU engine: loads the checkpoint (or dummy weights of its shape),
+// streams the generated text to stdout as it is produced, and prints a summary to stderr.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "clients/cli/command.h"
+#include "common/status.h"
+#include "engine/generation/generator.h"
+#include "engine/generation/model_loader.h"
+#include "engine/kvcache/page_pool.h"
+
+ABSL_FLAG(std::string, model, "", "generate: Hugging Face checkpoint directory.");
+ABSL_FLAG(std::string, load_format, "auto",
+          "generate: auto (the directory's safetensors) or dummy (random weights of "
+          "config.json's shape).");
+ABSL_FLAG(uint64_t, dummy_seed, 0, "generate: seed of the dummy weights.");
+ABSL_FLAG(std::string, prompt, "", "generate: the prompt text.");
+ABSL_FLAG(std::string, prompt_ids, "",
+          "generate: the prompt as comma-separated token ids (instead of --prompt).");
+ABSL_FLAG(bool, chat, false,
+          "generate: wrap the prompt as a user message in the model's chat template.");
+ABSL_FLAG(std::string, system, "", "generate: system message, with --chat.");
+ABSL_FLAG(int32_t, max_new_tokens, 128, "generate: maximum number of generated tokens.");
+ABSL_FLAG(double, temperature, 0.0, "generate: sampling temperature; 0 is greedy.");
+ABSL_FLAG(int32_t, top_k, 0, "generate: keep the k most likely tokens; 0 or -1: off.");
+ABSL_FLAG(double, top_p, 1.0, "generate: nucleus sampling mass in (0, 1].");
+ABSL_FLAG(double, min_p, 0.0, "generate: drop tokens below min_p times the top probability.");
+ABSL_FLAG(double, repetition_penalty, 1.0, "generate: HF repetition penalty (> 0; 1 is off).");
+ABSL_FLAG(double, frequency_penalty, 0.0, "generate: frequency penalty in [-2, 2].");
+ABSL_FLAG(double, presence_penalty, 0.0, "generate: presence penalty in [-2, 2].");
+ABSL_FLAG(int64_t, seed, -1, "generate: sampling seed (>= 0 for reproducible sampling).");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "generate: comma-separated stop strings.");
+ABSL_FLAG(std::vector<std::string>, stop_token_ids, {},
+          "generate: comma-separated token ids that end generation.");
+ABSL_FLAG(bool, ignore_eos, false, "generate: keep generating past end-of-sequence tokens.");
+ABSL_FLAG(bool, logprobs, false, "generate: print the generated ids with their logprobs.");
+ABSL_FLAG(bool, print_ids, false, "generate: print the generated token ids at the end.");
+ABSL_FLAG(int64_t, prefill_chunk_size, 512, "generate: prompt tokens per prefill step.");
+ABSL_FLAG(int64_t, page_size, 16, "generate: KV cache page size in tokens.");
+
+namespace tokenselect::cli {
+namespace {
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::vector<std::string>& parts,
+                                              absl::string_view flag) {
+  std::vector<int32_t> ids;
+  for (const std::string& part : parts) {
+    int32_t id;
+    if (!absl::SimpleAtoi(part, &id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", part, "' is not a token id"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+absl::StatusOr<engine::SamplingParams> SamplingFromFlags() {
+  engine::SamplingParams p;
+  p.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  p.top_k = absl::GetFlag(FLAGS_top_k);
+  p.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  p.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
+  p.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
+  p.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
+  p.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
+  if (absl::GetFlag(FLAGS_seed) >= 0) p.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  p.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  p.stop = absl::GetFlag(FLAGS_stop);
+  ASSIGN_OR_RETURN(p.stop_token_ids,
+                   ParseIds(absl::GetFlag(FLAGS_stop_token_ids), "stop_token_ids"));
+  p.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  p.logprobs = absl::GetFlag(FLAGS_logprobs);
+  return p;
+}
+
+absl::StatusOr<std::vector<int32_t>> PromptIds(const tokenizer::Tokenizer& tok) {
+  const std::string text = absl::GetFlag(FLAGS_prompt);
+  const std::string ids = absl::GetFlag(FLAGS_prompt_ids);
+  if (text.empty() == ids.empty()) {
+    return absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids");
+  }
+  if (!ids.empty()) {
+    return ParseIds(absl::StrSplit(ids, ',', absl::SkipWhitespace()), "prompt_ids");
+  }
+  if (!absl::GetFlag(FLAGS_chat)) return tok.Encode(text, /*add_special_tokens=*/true);
+  std::vector<tokenizer::ChatMessage> messages;
+  if (!absl::GetFlag(FLAGS_system).empty()) {
+    messages.push_back({"system", absl::GetFlag(FLAGS_system)});
+  }
+  messages.push_back({"user", text});
+  ASSIGN_OR_RETURN(std::string rendered,
+                   tok.ApplyChatTemplate(messages, /*add_generation_prompt=*/true));
+  return tok.Encode(rendered, /*add_special_tokens=*/false);
+}
+
+}  // namespace
+
+absl::Status RunGenerate(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected arguments: ", absl::StrJoin(args, " ")));
+  }
+  if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("--model is required");
+  ASSIGN_OR_RETURN(engine::LoadFormat format,
+                   engine::ParseLoadFormat(absl::GetFlag(FLAGS_load_format)));
+  ASSIGN_OR_RETURN(engine::SamplingParams sampling, SamplingFromFlags());
+  ASSIGN_OR_RETURN(engine::LoadedModel loaded,
+                   engine::LoadModelDirectory(absl::GetFlag(FLAGS_model), format,
+                                              absl::GetFlag(FLAGS_dummy_seed)));
+  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(*loaded.tokenizer));
+
+  // A pool that holds exactly this request: prompt + max_new_tokens, rounded up to pages.
+  const int64_t page_size = absl::GetFlag(FLAGS_page_size);
+  if (page_size < 1) return absl::InvalidArgumentError("--page_size must be >= 1");
+  const int64_t tokens = static_cast<int64_t>(prompt.size()) + sampling.max_new_tokens;
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::PagePool> pool,
+                   engine::PagePool::Create(loaded.model->KvCacheOptions(
+                       (tokens + page_size - 1) / page_size, page_size)));
+
+  engine::GenerationOptions options;
+  options.sampling = sampling;
+  options.prefill_chunk_size = absl::GetFlag(FLAGS_prefill_chunk_size);
+  engine::Generator generator(loaded.model.get(), loaded.tokenizer.get(), pool.get());
+  std::vector<std::string> logprob_lines;
+  ASSIGN_OR_RETURN(
+      engine::GenerationResult result,
+      generator.Generate(prompt, options, [&](const engine::GeneratedToken& token) {
+        std::fputs(token.text.c_str(), stdout);
+        std::fflush(stdout);
+        if (token.logprob) logprob_lines.push_back(absl::StrCat(token.id, ":", *token.logprob));
+      }));
+  std::fputs("\n", stdout);
+  if (absl::GetFlag(FLAGS_print_ids)) {
+    std::printf("ids: %s\n", absl::StrJoin(result.token_ids, ",").c_str());
+  }
+  if (!logprob_lines.empty()) std::printf("logprobs: %s\n", absl::StrJoin(logprob_lines, " ").c_str());
+  const engine::GenerationStats& s = result.stats;
+  const double decode_steps = std::max<int64_t>(1, s.generated_tokens - 1);
+  std::fprintf(stderr,
+               "[generate] finish=%s prompt=%lld tokens generated=%lld tokens | prefill %.3f s "
+               "(%.1f tok/s) | decode %.1f ms/token (%.1f tok/s)\n",
+               std::string(engine::ToString(result.finish_reason)).c_str(),
+               static_cast<long long>(s.prompt_tokens),
+               static_cast<long long>(s.generated_tokens), s.prefill_seconds,
+               s.prompt_tokens / std::max(1e-9, s.prefill_seconds),
+               1e3 * s.decode_seconds / decode_steps, decode_steps / std::max(1e-9, s.decode_seconds));
+  return absl::OkStatus();
+}
+
+}  // namespace tokenselect::cli

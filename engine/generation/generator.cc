@@ -1,0 +1,96 @@
+#include "engine/generation/generator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/ids.h"
+#include "common/status.h"
+#include "engine/kvcache/token_table.h"
+#include "engine/sampling/stop_checker.h"
+#include "tokenizer/stream_decoder.h"
+
+namespace tokenselect::engine {
+
+Generator::Generator(const Model* model, const tokenizer::Tokenizer* tokenizer, PagePool* pool)
+    : model_(model), tokenizer_(tokenizer), pool_(pool) {
+  for (int64_t id : model_->config().eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+  for (int32_t id : tokenizer_->eos_ids()) eos_ids_.push_back(id);
+  std::sort(eos_ids_.begin(), eos_ids_.end());
+  eos_ids_.erase(std::unique(eos_ids_.begin(), eos_ids_.end()), eos_ids_.end());
+}
+
+absl::StatusOr<GenerationResult> Generator::Generate(absl::Span<const int32_t> prompt,
+                                                     const GenerationOptions& options,
+                                                     const TokenCallback& on_token) const {
+  const int64_t vocab = model_->config().vocab_size;
+  if (prompt.empty()) return absl::InvalidArgumentError("prompt must not be empty");
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " (id ", prompt[i],
+                                                     ") is outside the vocabulary [0, ", vocab,
+                                                     ")"));
+    }
+  }
+  if (options.prefill_chunk_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill_chunk_size must be >= 1, got ",
+                                                   options.prefill_chunk_size));
+  }
+  ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(options.sampling, static_cast<int>(vocab)));
+
+  const common::Stopwatch total;
+  GenerationResult result;
+  result.stats.prompt_tokens = static_cast<int64_t>(prompt.size());
+  TokenTable table(pool_, common::NewId("gen"));
+  // The whole request's KV up front: a request that starts never runs out mid-way.
+  RETURN_IF_ERROR(table.Reserve(result.stats.prompt_tokens + options.sampling.max_new_tokens));
+
+  ForwardWorkspace workspace;
+  std::vector<float> logits;
+  ForwardRequest request;
+  request.table = &table;
+  request.attention = options.attention;
+  const int64_t n = result.stats.prompt_tokens;
+  for (int64_t begin = 0; begin < n; begin += options.prefill_chunk_size) {
+    const int64_t end = std::min(n, begin + options.prefill_chunk_size);
+    request.tokens = prompt.subspan(begin, end - begin);
+    request.logits = end == n ? LogitsRows::kLast : LogitsRows::kNone;
+    RETURN_IF_ERROR(model_->Forward(request, &workspace, &logits));
+  }
+  result.stats.prefill_seconds = total.ElapsedSeconds();
+
+  StopChecker stop(options.sampling, eos_ids_);
+  tokenizer::StreamDecoder decoder(*tokenizer_, options.skip_special_tokens);
+  const common::Stopwatch decode;
+  request.logits = LogitsRows::kLast;
+  while (true) {
+    ASSIGN_OR_RETURN(SampleResult sample, sampler.Sample(logits, prompt, result.token_ids));
+    result.token_ids.push_back(sample.token_id);
+    ASSIGN_OR_RETURN(StopCheckResult checked,
+                     stop.Append(sample.token_id, decoder.Push(sample.token_id)));
+    if (checked.finish_reason == FinishReason::kLength) {
+      // At a length limit the decoder may still hold the start of an unfinished UTF-8
+      // character: release it as Decode of all ids would (as U+FFFD). After a stop token or a
+      // stop string the remainder is dropped by design.
+      checked.text += decoder.Flush();
+    }
+    GeneratedToken token{sample.token_id, sample.logprob, std::move(sample.top_logprobs),
+                         std::move(checked.text)};
+    result.text += token.text;
+    if (on_token) on_token(token);
+    if (stop.finished()) {
+      result.finish_reason = stop.finish_reason();
+      break;
+    }
+    const int32_t next = result.token_ids.back();
+    request.tokens = absl::MakeConstSpan(&next, 1);
+    RETURN_IF_ERROR(model_->Forward(request, &workspace, &logits));
+  }
+  result.stats.generated_tokens = static_cast<int64_t>(result.token_ids.size());
+  result.stats.decode_seconds = decode.ElapsedSeconds();
+  result.stats.total_seconds = total.ElapsedSeconds();
+  return result;
+}
+
+}  // namespace tokenselect::engine
