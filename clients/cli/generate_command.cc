@@ -1,6 +1,7 @@
 // tokenselect generate --model DIR --prompt TEXT [--chat] [sampling flags]
 // Offline generation on the CPU engine: loads the checkpoint (or dummy weights of its shape),
 // streams the generated text to stdout as it is produced, and prints a summary to stderr.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "engine/generation/generator.h"
 #include "engine/generation/model_loader.h"
 #include "engine/kvcache/page_pool.h"
+#include "engine/selection/selection_options.h"
 
 ABSL_FLAG(std::string, model, "", "generate: Hugging Face checkpoint directory.");
 ABSL_FLAG(std::string, load_format, "auto",
@@ -42,7 +44,15 @@ ABSL_FLAG(std::vector<std::string>, stop_token_ids, {},
 ABSL_FLAG(bool, ignore_eos, false, "generate: keep generating past end-of-sequence tokens.");
 ABSL_FLAG(bool, logprobs, false, "generate: print the generated ids with their logprobs.");
 ABSL_FLAG(bool, print_ids, false, "generate: print the generated token ids at the end.");
-ABSL_FLAG(int64_t, prefill_chunk_size, 512, "generate: prompt tokens per prefill step.");
+ABSL_FLAG(std::string, policy, "tokenselect",
+          "generate: token selection policy: tokenselect (head soft vote), topk, head_vote, dense, "
+          "streaming.");
+ABSL_FLAG(int64_t, k, 2048, "generate: selection budget: tokens chosen by the policy.");
+ABSL_FLAG(int64_t, n_init, 128, "generate: selection budget: initial (sink) tokens always kept.");
+ABSL_FLAG(int64_t, n_local, 512, "generate: selection budget: recent tokens always kept.");
+ABSL_FLAG(double, theta, 0.9,
+          "generate: selection-cache cosine threshold in [-1, 1]; above 1 disables the cache.");
+ABSL_FLAG(int64_t, chunk_size, 512, "generate: prompt tokens per prefill step (chunked prefill).");
 ABSL_FLAG(int64_t, page_size, 16, "generate: KV cache page size in tokens.");
 
 namespace tokenselect::cli {
@@ -81,6 +91,49 @@ absl::StatusOr<engine::SamplingParams> SamplingFromFlags() {
   return p;
 }
 
+absl::StatusOr<engine::SelectionOptions> SelectionFromFlags() {
+  engine::SelectionOptions s;
+  ASSIGN_OR_RETURN(s.policy, engine::ParsePolicy(absl::GetFlag(FLAGS_policy)));
+  s.k = absl::GetFlag(FLAGS_k);
+  s.n_init = absl::GetFlag(FLAGS_n_init);
+  s.n_local = absl::GetFlag(FLAGS_n_local);
+  s.theta = absl::GetFlag(FLAGS_theta);
+  s.chunk_size = absl::GetFlag(FLAGS_chunk_size);
+  RETURN_IF_ERROR(engine::ValidateSelectionOptions(s));
+  return s;
+}
+
+// The end-of-run summary on stderr: throughput, then what selection did.
+void PrintSummary(const engine::GenerationResult& result, const engine::SelectionOptions& sel) {
+  const engine::GenerationStats& s = result.stats;
+  const double decode_steps = std::max<int64_t>(1, s.generated_tokens - 1);
+  std::fprintf(stderr,
+               "[generate] finish=%s prompt=%lld tokens generated=%lld tokens | prefill %.3f s "
+               "(%.1f tok/s) | decode %.1f ms/token (%.1f tok/s)\n",
+               std::string(engine::ToString(result.finish_reason)).c_str(),
+               static_cast<long long>(s.prompt_tokens),
+               static_cast<long long>(s.generated_tokens), s.prefill_seconds,
+               s.prompt_tokens / std::max(1e-9, s.prefill_seconds),
+               1e3 * s.decode_seconds / decode_steps,
+               decode_steps / std::max(1e-9, s.decode_seconds));
+  const engine::SelectionStats& st = s.selection;
+  const double per_step =
+      st.decode_layer_steps > 0 ? double(st.decode_attended_tokens) / st.decode_layer_steps : 0.0;
+  const double hit_rate = s.cache.lookups() > 0 ? double(s.cache.hits) / s.cache.lookups() : 0.0;
+  std::fprintf(stderr,
+               "[selection] policy=%s k=%lld n_init=%lld n_local=%lld theta=%.3g | cache hit "
+               "rate %.1f%% (%lld of %lld lookups) | selection time %.1f%% of %.3f s | tokens "
+               "attended per decode step %.1f of %lld | full-attention layer steps %lld of %lld\n",
+               std::string(engine::PolicyName(sel.policy)).c_str(), static_cast<long long>(sel.k),
+               static_cast<long long>(sel.n_init), static_cast<long long>(sel.n_local), sel.theta,
+               100.0 * hit_rate, static_cast<long long>(s.cache.hits),
+               static_cast<long long>(s.cache.lookups()),
+               100.0 * st.selection_seconds / std::max(1e-9, s.total_seconds), s.total_seconds,
+               per_step, static_cast<long long>(s.prompt_tokens + s.generated_tokens),
+               static_cast<long long>(st.full_attention_steps),
+               static_cast<long long>(st.layer_steps));
+}
+
 absl::StatusOr<std::vector<int32_t>> PromptIds(const tokenizer::Tokenizer& tok) {
   const std::string text = absl::GetFlag(FLAGS_prompt);
   const std::string ids = absl::GetFlag(FLAGS_prompt_ids);
@@ -112,6 +165,7 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   ASSIGN_OR_RETURN(engine::LoadFormat format,
                    engine::ParseLoadFormat(absl::GetFlag(FLAGS_load_format)));
   ASSIGN_OR_RETURN(engine::SamplingParams sampling, SamplingFromFlags());
+  ASSIGN_OR_RETURN(engine::SelectionOptions selection, SelectionFromFlags());
   ASSIGN_OR_RETURN(engine::LoadedModel loaded,
                    engine::LoadModelDirectory(absl::GetFlag(FLAGS_model), format,
                                               absl::GetFlag(FLAGS_dummy_seed)));
@@ -127,7 +181,7 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
 
   engine::GenerationOptions options;
   options.sampling = sampling;
-  options.prefill_chunk_size = absl::GetFlag(FLAGS_prefill_chunk_size);
+  options.selection = selection;
   engine::Generator generator(loaded.model.get(), loaded.tokenizer.get(), pool.get());
   std::vector<std::string> logprob_lines;
   ASSIGN_OR_RETURN(
@@ -141,17 +195,10 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   if (absl::GetFlag(FLAGS_print_ids)) {
     std::printf("ids: %s\n", absl::StrJoin(result.token_ids, ",").c_str());
   }
-  if (!logprob_lines.empty()) std::printf("logprobs: %s\n", absl::StrJoin(logprob_lines, " ").c_str());
-  const engine::GenerationStats& s = result.stats;
-  const double decode_steps = std::max<int64_t>(1, s.generated_tokens - 1);
-  std::fprintf(stderr,
-               "[generate] finish=%s prompt=%lld tokens generated=%lld tokens | prefill %.3f s "
-               "(%.1f tok/s) | decode %.1f ms/token (%.1f tok/s)\n",
-               std::string(engine::ToString(result.finish_reason)).c_str(),
-               static_cast<long long>(s.prompt_tokens),
-               static_cast<long long>(s.generated_tokens), s.prefill_seconds,
-               s.prompt_tokens / std::max(1e-9, s.prefill_seconds),
-               1e3 * s.decode_seconds / decode_steps, decode_steps / std::max(1e-9, s.decode_seconds));
+  if (!logprob_lines.empty()) {
+    std::printf("logprobs: %s\n", absl::StrJoin(logprob_lines, " ").c_str());
+  }
+  PrintSummary(result, selection);
   return absl::OkStatus();
 }
 

@@ -33,11 +33,9 @@ absl::StatusOr<GenerationResult> Generator::Generate(absl::Span<const int32_t> p
                                                      ")"));
     }
   }
-  if (options.prefill_chunk_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill_chunk_size must be >= 1, got ",
-                                                   options.prefill_chunk_size));
-  }
   ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(options.sampling, static_cast<int>(vocab)));
+  ASSIGN_OR_RETURN(std::unique_ptr<SelectionAttention> attention,
+                   SelectionAttention::Create(options.selection, model_->config().num_layers));
 
   const common::Stopwatch total;
   GenerationResult result;
@@ -50,10 +48,11 @@ absl::StatusOr<GenerationResult> Generator::Generate(absl::Span<const int32_t> p
   std::vector<float> logits;
   ForwardRequest request;
   request.table = &table;
-  request.attention = options.attention;
+  request.attention = attention.get();
   const int64_t n = result.stats.prompt_tokens;
-  for (int64_t begin = 0; begin < n; begin += options.prefill_chunk_size) {
-    const int64_t end = std::min(n, begin + options.prefill_chunk_size);
+  const int64_t chunk = options.selection.chunk_size;
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t end = std::min(n, begin + chunk);
     request.tokens = prompt.subspan(begin, end - begin);
     request.logits = end == n ? LogitsRows::kLast : LogitsRows::kNone;
     RETURN_IF_ERROR(model_->Forward(request, &workspace, &logits));
@@ -90,6 +89,8 @@ absl::StatusOr<GenerationResult> Generator::Generate(absl::Span<const int32_t> p
   result.stats.generated_tokens = static_cast<int64_t>(result.token_ids.size());
   result.stats.decode_seconds = decode.ElapsedSeconds();
   result.stats.total_seconds = total.ElapsedSeconds();
+  result.stats.selection = attention->stats();
+  result.stats.cache = attention->cache().total_counters();
   return result;
 }
 

@@ -18,22 +18,21 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/kvcache/page_pool.h"
-#include "engine/model/attention_list.h"
 #include "engine/model/model.h"
 #include "engine/sampling/finish_reason.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/sampling_params.h"
+#include "engine/selection/selection_attention.h"
+#include "engine/selection/selection_options.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tokenselect::engine {
 
 struct GenerationOptions {
   SamplingParams sampling;
-  // Prompt tokens per forward call during prefill (> 0).
-  int64_t prefill_chunk_size = 512;
-  // Chooses the attended tokens of every layer and step; nullptr means dense attention. The
-  // provider is per request (it may keep state such as a selection cache).
-  AttentionListProvider* attention = nullptr;
+  // Token selection (policy, budget, selection-cache theta) and the prefill chunk size
+  // (selection.chunk_size prompt tokens per forward call).
+  SelectionOptions selection;
   bool skip_special_tokens = true;  // in the streamed text
 };
 
@@ -53,6 +52,8 @@ struct GenerationStats {
   double prefill_seconds = 0;  // prompt forward passes, up to the first sampled token
   double decode_seconds = 0;   // every later forward pass and sample
   double total_seconds = 0;
+  SelectionStats selection;           // summed over layers and steps
+  SelectionCacheCounters cache;       // decode selection-cache lookups over all layers
 };
 
 struct GenerationResult {
@@ -72,8 +73,8 @@ class Generator {
   Generator(const Model* model, const tokenizer::Tokenizer* tokenizer, PagePool* pool);
 
   // Generates a continuation of `prompt` (token ids). Errors:
-  //   InvalidArgument   empty prompt, a token id outside the vocabulary, invalid sampling
-  //                     parameters (the message names the field), prefill_chunk_size < 1
+  //   InvalidArgument   empty prompt, a token id outside the vocabulary, invalid sampling or
+  //                     selection parameters (the message names the field)
   //   ResourceExhausted the KV pool cannot hold prompt + max_new_tokens tokens
   // `on_token` may be empty.
   absl::StatusOr<GenerationResult> Generate(absl::Span<const int32_t> prompt,

@@ -1,0 +1,67 @@
+// The forward pass's AttentionListProvider (engine/model/attention_list.h) for every selection
+// policy: per layer and step it chooses the attended cached tokens with a SelectionPolicy and
+// builds the compact-position list over them plus the new tokens (docs/DESIGN.md section 4):
+//   prefill chunk (num_new > 1): the chunk's mean selection query selects among the N cached
+//     tokens; the chunk attends to the selected set and causally to itself;
+//   decode step (num_new == 1): the step's selection query goes through the per-layer
+//     Selection Cache (a hit reuses the cached top-k; the local window still moves).
+// When the budget covers the cache (or the policy is dense) the list is every cached token in
+// order, whose compact positions are the true positions: exactly dense attention.
+//
+// One per request; not thread-safe (the model calls it from one thread per step).
+#ifndef TOKENSELECT_ENGINE_SELECTION_SELECTION_ATTENTION_H_
+#define TOKENSELECT_ENGINE_SELECTION_SELECTION_ATTENTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/attention_list.h"
+#include "engine/selection/selected_set.h"
+#include "engine/selection/selection_cache.h"
+#include "engine/selection/selection_options.h"
+#include "engine/selection/selection_policy.h"
+
+namespace tokenselect::engine {
+
+// What a request's selection did, summed over layers and steps.
+struct SelectionStats {
+  int64_t layer_steps = 0;            // Select calls (layers x forward steps)
+  int64_t full_attention_steps = 0;   // of which attended every cached token
+  int64_t attended_tokens = 0;        // sum of list lengths (cached tokens + new tokens)
+  int64_t decode_layer_steps = 0;     // Select calls with one new token
+  int64_t decode_attended_tokens = 0; // their list lengths
+  int64_t candidates_scored = 0;      // keys read by the policy
+  double selection_seconds = 0;       // time in the policy and the selection cache
+};
+
+class SelectionAttention : public AttentionListProvider {
+ public:
+  // InvalidArgument for invalid options (ValidateSelectionOptions) or num_layers < 1.
+  static absl::StatusOr<std::unique_ptr<SelectionAttention>> Create(
+      const SelectionOptions& options, int64_t num_layers);
+
+  absl::Status Select(const AttentionQuery& query, AttentionList* list) override;
+
+  const SelectionOptions& options() const { return policy_->options(); }
+  const SelectionCache& cache() const { return cache_; }
+  const SelectionStats& stats() const { return stats_; }
+
+ private:
+  SelectionAttention(std::unique_ptr<SelectionPolicy> policy, int64_t num_layers);
+
+  std::unique_ptr<SelectionPolicy> policy_;
+  SelectionCache cache_;
+  SelectionStats stats_;
+  SelectionScratch scratch_;
+  SelectionResult result_;
+  std::vector<float> selection_query_;  // [num_heads, head_dim]
+  // Slots of the request's tokens [0, N + num_new), built once per step (layer 0).
+  std::vector<int32_t> token_slots_;
+  int64_t slots_for_length_ = -1;
+};
+
+}  // namespace tokenselect::engine
+
+#endif  // TOKENSELECT_ENGINE_SELECTION_SELECTION_ATTENTION_H_
