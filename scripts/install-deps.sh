@@ -10,8 +10,10 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3
   libabsl-dev libspdlog-dev nlohmann-json3-dev libre2-dev libcpp-httplib-dev
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
+  python3-grpcio python3-grpc-tools python3-protobuf openssl
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev
+  prometheus python3-yaml python3-jsonschema
 )
 
 missing=()
