@@ -55,6 +55,21 @@ std::vector<int64_t> VisibleCounts(const GatherAttentionParams& p) {
   return counts;
 }
 
+bool PrepareGather(const GatherAttentionParams& p, GatherGeometry* g) {
+  ValidateGatherAttentionParams(p);
+  if (p.num_queries == 0) return false;
+  g->group = p.num_heads / p.num_kv_heads;
+  g->rows = p.num_queries * g->group;
+  g->visible = VisibleCounts(p);
+  g->visible_end = *std::max_element(g->visible.begin(), g->visible.end());
+  if (g->visible_end == 0) {
+    std::memset(p.out, 0,
+                sizeof(float) * static_cast<size_t>(p.num_queries * p.num_heads * p.head_dim));
+    return false;
+  }
+  return true;
+}
+
 void RotateQueries(const GatherAttentionParams& p, float* rotated) {
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t rows = p.num_queries * group;

@@ -62,6 +62,17 @@ void ValidateGatherAttentionParams(const GatherAttentionParams& params);
 // visible[i] clamped to [0, kv_len] (kv_len when visible is null), for every query.
 std::vector<int64_t> VisibleCounts(const GatherAttentionParams& params);
 
+// The set-up both schedules share.
+struct GatherGeometry {
+  int64_t group = 0;              // query heads per kv head
+  int64_t rows = 0;               // query rows per kv head: num_queries * group
+  std::vector<int64_t> visible;   // VisibleCounts
+  int64_t visible_end = 0;        // max of visible
+};
+// Validates `params` and fills `geometry`. Returns false when there is nothing left to compute:
+// no queries, or no query sees any key (the output is then written as zeros).
+bool PrepareGather(const GatherAttentionParams& params, GatherGeometry* geometry);
+
 // Writes the rotated (not scaled) queries, [num_queries * num_heads * head_dim] floats, in the
 // per-kv-head layout described above.
 void RotateQueries(const GatherAttentionParams& params, float* rotated);

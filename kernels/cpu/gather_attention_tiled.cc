@@ -29,21 +29,16 @@ constexpr int64_t kGatherBlockKeys = 32;
 }  // namespace
 
 void GatherAttentionTiled(const GatherAttentionParams& p, const GatherAttentionOptions& options) {
-  ValidateGatherAttentionParams(p);
-  if (p.num_queries == 0) return;
-  const int64_t group = p.num_heads / p.num_kv_heads;
-  const int64_t rows = p.num_queries * group;  // query rows per kv head
+  GatherGeometry geometry;
+  if (!PrepareGather(p, &geometry)) return;
+  const int64_t group = geometry.group;
+  const int64_t rows = geometry.rows;  // query rows per kv head
   const int64_t total_rows = rows * p.num_kv_heads;
   const int64_t d = p.head_dim;
   const int64_t half = d / 2;
   const int64_t kv_stride = p.num_kv_heads * d;
-
-  const std::vector<int64_t> visible = VisibleCounts(p);
-  const int64_t visible_end = *std::max_element(visible.begin(), visible.end());
-  if (visible_end == 0) {
-    std::memset(p.out, 0, sizeof(float) * static_cast<size_t>(p.num_queries * p.num_heads * d));
-    return;
-  }
+  const std::vector<int64_t>& visible = geometry.visible;
+  const int64_t visible_end = geometry.visible_end;
 
   const int64_t tile = options.tile_keys > 0 ? options.tile_keys : kDefaultTileKeys;
   const int64_t rows_per_item =
