@@ -60,6 +60,8 @@ function(ts_add_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 600)
   endif()
+  # Tests share 2 cores under `ctest -j 2`: OpenMP threads that spin while waiting would steal
+  # them from each other, so waiting threads sleep.
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
-    ENVIRONMENT "TS_SOURCE_DIR=${PROJECT_SOURCE_DIR};TS_BINARY_DIR=${PROJECT_BINARY_DIR}")
+    ENVIRONMENT "TS_SOURCE_DIR=${PROJECT_SOURCE_DIR};TS_BINARY_DIR=${PROJECT_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE")
 endfunction()
