@@ -1,0 +1,539 @@
+// CUDA kernel benchmark: checks first, then times (CUDA events, warm-up, median of many reps,
+// inputs rotated so that each rep reads HBM, not L2). Shape: Llama-3-8B attention (H = 32,
+// H_kv = 8, d = 128), bf16 KV, batch 1, one layer.
+//   copy      cudaMemcpyAsync device-to-device, 1 GiB: the measured ceiling (read + write bytes)
+//   select    ScoreKeys + VoteFromLogits + TopK(2048) at N = 32K, 128K, 512K, 1M candidates;
+//             napkin: N * 2 KiB of keys (+ N * 260 B of logits/votes), GB/s counts the key bytes
+//   sparse    DecodeAttention over 128 + 2048 + 512 = 2688 random slots of a 1M-slot cache
+//   dense     DecodeAttention over the first N = 128K / 1M slots, true positions
+// Checks: selection votes against an fp64 CPU soft vote at 32K (and the top-k tolerance rule of
+// tests/gpu/selection_test.cc); decode against cpu::GatherAttention on the sparse list.
+// Usage: bench_kernels_cuda [--quick]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/selection.h"
+#include "kernels/ops.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace tokenselect::kernels::cuda {
+namespace {
+
+using gpu_test::DeviceBuffer;
+
+constexpr int64_t kHeads = 32, kKvHeads = 8, kDim = 128;
+constexpr int64_t kRowBytes = kKvHeads * kDim * 2;  // one token's keys (or values), bf16
+constexpr int64_t kCacheSlots = int64_t{1} << 20;
+
+// Random bf16 in about [-2, 2) from a hash of the index (host generation of 2 GiB is too slow).
+__global__ void FillRandomBf16(uint16_t* out, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9e3779b9u ^ seed * 0x85ebca6bu ^
+                 static_cast<uint32_t>(i >> 32);
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    const float u = (h >> 8) * (1.0f / 16777216.0f);  // [0, 1)
+    const float x = 4.0f * u - 2.0f;
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    out[i] = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
+}
+
+cudaStream_t g_stream = nullptr;  // every launch of this benchmark goes here
+
+// Median time in ms per call of fn(rep) when `inner` calls (rep = 0 .. inner - 1, so inputs
+// rotate) are captured in one CUDA graph and the graph is replayed: launch overhead stays out,
+// which matters for the few-microsecond kernels (sparse decode, top-k).
+double GraphMedianMs(const std::function<void(int)>& fn, int reps, int inner = 16);
+
+// Median time in ms of `reps` runs of fn(rep) after `warmup` runs, each bracketed by events.
+double MedianMs(const std::function<void(int)>& fn, int reps, int warmup = 5) {
+  for (int i = 0; i < warmup; ++i) fn(i);
+  std::vector<cudaEvent_t> start(reps), stop(reps);
+  for (int i = 0; i < reps; ++i) {
+    TS_CUDA_CHECK(cudaEventCreate(&start[i]));
+    TS_CUDA_CHECK(cudaEventCreate(&stop[i]));
+  }
+  for (int i = 0; i < reps; ++i) {
+    TS_CUDA_CHECK(cudaEventRecord(start[i], g_stream));
+    fn(i);
+    TS_CUDA_CHECK(cudaEventRecord(stop[i], g_stream));
+  }
+  TS_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    float t = 0.0f;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&t, start[i], stop[i]));
+    ms[i] = t;
+    cudaEventDestroy(start[i]);
+    cudaEventDestroy(stop[i]);
+  }
+  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
+  return ms[reps / 2];
+}
+
+double GraphMedianMs(const std::function<void(int)>& fn, int reps, int inner) {
+  fn(0);  // first call outside capture (lazy initialisation in launchers)
+  TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  TS_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < inner; ++i) fn(i);
+  TS_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+  TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = MedianMs([&](int) { TS_CUDA_CHECK(cudaGraphLaunch(exec, g_stream)); }, reps, 3);
+  TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TS_CUDA_CHECK(cudaGraphDestroy(graph));
+  return ms / inner;
+}
+
+struct Row {
+  std::string what;
+  double ms;
+  double gbps;
+  std::string note;
+};
+
+// Slots of a request: pages of 16 consecutive slots in shuffled page order (a paged cache).
+std::vector<int32_t> PagedSlots(int64_t n, int64_t first_slot, std::mt19937& rng) {
+  const int64_t pages = (n + 15) / 16;
+  std::vector<int32_t> order(static_cast<size_t>(pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int32_t> slots(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) {
+    slots[j] = static_cast<int32_t>(first_slot + order[j / 16] * 16 + j % 16);
+  }
+  return slots;
+}
+
+// Variants under study at 1M tokens (one launch each after warm-up, so that ncu can profile
+// them): score kernel over paged vs contiguous slots, dense decode at several split counts.
+int Variants(const __nv_bfloat16* kc, const __nv_bfloat16* vc, int num_sms) {
+  std::mt19937 rng(7);
+  const int64_t n = kCacheSlots;
+  std::vector<int32_t> identity(static_cast<size_t>(n));
+  std::iota(identity.begin(), identity.end(), 0);
+  DeviceBuffer<int32_t> paged(PagedSlots(n, 0, rng)), contiguous(identity);
+  std::vector<float> query(static_cast<size_t>(kHeads * kDim), 0.01f);
+  DeviceBuffer<float> d_query(query), d_max(kHeads), d_inv(kHeads), logits(n * kHeads);
+  DeviceBuffer<char> ws(ScoreKeysWorkspaceBytes(kHeads));
+  ws.Zero();
+  KeyScoreParams sp;
+  sp.logits = logits.get();
+  sp.head_max = d_max.get();
+  sp.head_inv_sum = d_inv.get();
+  sp.query = d_query.get();
+  sp.k_cache = kc;
+  sp.workspace = ws.get();
+  sp.n = n;
+  sp.num_heads = kHeads;
+  sp.num_kv_heads = kKvHeads;
+  sp.head_dim = kDim;
+  for (auto* slots : {&paged, &contiguous}) {
+    sp.slots = slots->get();
+    const double ms = MedianMs([&](int) { TS_CUDA_CHECK(ScoreKeys(sp, g_stream)); }, 5, 2);
+    std::printf("variant score 1M %s: %.4f ms, %.1f GB/s of keys\n",
+                slots == &paged ? "paged" : "contiguous", ms, n * kRowBytes / ms / 1e6);
+  }
+  {
+    DeviceBuffer<float> vote(n);
+    DeviceBuffer<int32_t> topk(2048);
+    DeviceBuffer<char> topk_ws(TopKWorkspaceBytes(n));
+    VoteParams vp;
+    vp.vote = vote.get();
+    vp.logits = logits.get();
+    vp.head_max = d_max.get();
+    vp.head_inv_sum = d_inv.get();
+    vp.n = n;
+    vp.num_heads = kHeads;
+    TopKParams tp;
+    tp.out = topk.get();
+    tp.scores = vote.get();
+    tp.workspace = topk_ws.get();
+    tp.n = n;
+    tp.k = 2048;
+    const double t_vote = GraphMedianMs([&](int) { TS_CUDA_CHECK(VoteFromLogits(vp, g_stream)); }, 10);
+    const double t_topk = GraphMedianMs([&](int) { TS_CUDA_CHECK(TopK(tp, g_stream)); }, 10);
+    std::printf("variant 1M: vote %.4f ms, top-2048 %.4f ms (graph-timed)\n", t_vote, t_topk);
+  }
+  RopeParams rope;
+  rope.head_dim = kDim;
+  const std::vector<float> inv_freq = RopeInverseFrequencies(rope);
+  DeviceBuffer<float> d_inv_freq(inv_freq);
+  DeviceBuffer<uint16_t> d_q(static_cast<size_t>(kHeads * kDim)), d_out(kHeads * kDim);
+  d_q.Zero();
+  const std::vector<int32_t> indptr = {0, static_cast<int32_t>(n)};
+  const std::vector<int32_t> q_pos = {static_cast<int32_t>(n)};
+  DeviceBuffer<int32_t> d_indptr(indptr), d_q_pos(q_pos);
+  const int planned = PlanDecodeSplits(1, kKvHeads, n, num_sms);
+  for (int config = 0; config < 6; ++config) {
+    const int splits = config == 0 || config == 5 ? planned : 33 * config;
+    const bool tensor_cores = config != 5;
+    DeviceBuffer<char> dws(DecodeAttentionWorkspaceBytes(1, kHeads, kDim, splits));
+    DecodeAttentionParams p;
+    p.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
+    p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
+    p.q_positions = d_q_pos.get();
+    p.k_cache = kc;
+    p.v_cache = vc;
+    p.indptr = d_indptr.get();
+    p.indices = paged.get();
+    p.kv_positions = contiguous.get();
+    p.inv_freq = d_inv_freq.get();
+    p.workspace = dws.get();
+    p.batch = 1;
+    p.num_heads = kHeads;
+    p.num_kv_heads = kKvHeads;
+    p.head_dim = kDim;
+    p.num_splits = splits;
+    p.scale = 0.088f;
+    p.use_tensor_cores = tensor_cores;
+    const double ms = MedianMs([&](int) { TS_CUDA_CHECK(DecodeAttention(p, g_stream)); }, 5, 2);
+    std::printf("variant dense decode 1M, %d splits, %s: %.4f ms, %.1f GB/s of K+V\n", splits,
+                tensor_cores ? "tensor cores" : "CUDA cores", ms, 2.0 * n * kRowBytes / ms / 1e6);
+  }
+  // Sparse decode: 2688 random slots drawn from windows of several sizes (TLB reach), and split
+  // counts around the plan.
+  const int64_t sparse_n = 2688;
+  const std::vector<int32_t> sparse_indptr = {0, static_cast<int32_t>(sparse_n)};
+  DeviceBuffer<int32_t> d_sparse_indptr(sparse_indptr);
+  const int sparse_planned = PlanDecodeSplits(1, kKvHeads, sparse_n, num_sms);
+  for (int64_t window : {int64_t{16} << 10, int64_t{128} << 10, kCacheSlots}) {
+    std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> sets;
+    std::uniform_int_distribution<int32_t> any(0, static_cast<int32_t>(window - 1));
+    for (int r = 0; r < 16; ++r) {
+      std::vector<int32_t> idx(static_cast<size_t>(sparse_n));
+      for (auto& x : idx) x = any(rng);
+      sets.push_back(std::make_unique<DeviceBuffer<int32_t>>(idx));
+    }
+    for (int config = 0; config < 4; ++config) {
+      const int splits = config == 3 ? 42 : config == 0 ? sparse_planned : 10 * config;
+      const bool tensor_cores = config != 3;
+      DeviceBuffer<char> dws(DecodeAttentionWorkspaceBytes(1, kHeads, kDim, splits));
+      DecodeAttentionParams p;
+      p.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
+      p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
+      p.q_positions = d_q_pos.get();
+      p.k_cache = kc;
+      p.v_cache = vc;
+      p.indptr = d_sparse_indptr.get();
+      p.kv_positions = contiguous.get();
+      p.inv_freq = d_inv_freq.get();
+      p.workspace = dws.get();
+      p.batch = 1;
+      p.num_heads = kHeads;
+      p.num_kv_heads = kKvHeads;
+      p.head_dim = kDim;
+      p.num_splits = splits;
+      p.scale = 0.088f;
+      p.use_tensor_cores = tensor_cores;
+      const double ms = GraphMedianMs([&](int r) {
+        p.indices = sets[r % 16]->get();
+        TS_CUDA_CHECK(DecodeAttention(p, g_stream));
+      }, 20);
+      std::printf("variant sparse decode 2688 of %lldK slots, %d splits, %s: %.2f us\n",
+                  static_cast<long long>(window >> 10), splits,
+                  tensor_cores ? "tensor cores" : "CUDA cores", ms * 1e3);
+    }
+  }
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  TS_CUDA_CHECK(cudaStreamCreate(&g_stream));  // blocking: orders after cudaMemset poisoning
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool variants = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
+  const int reps = quick ? 10 : 50;
+  cudaDeviceProp prop;
+  TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %.0f MiB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1048576.0);
+  std::mt19937 rng(12345);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<Row> rows;
+
+  // ---- Copy bandwidth. ----
+  const size_t copy_bytes = size_t{1} << 30;
+  double copy_gbps = 0.0;
+  {
+    DeviceBuffer<char> a(copy_bytes), b(copy_bytes);
+    a.Zero();
+    const double ms = MedianMs([&](int) {
+      TS_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), copy_bytes, cudaMemcpyDeviceToDevice, g_stream));
+    }, reps);
+    copy_gbps = 2.0 * copy_bytes / ms / 1e6;
+    rows.push_back({"copy 1 GiB d2d (read+write)", ms, copy_gbps, "ceiling"});
+  }
+
+  // ---- KV cache shared by all cases: 1M slots of keys and values, random bf16. ----
+  std::printf("filling a %lld-slot KV cache (%.1f GiB)...\n", static_cast<long long>(kCacheSlots),
+              2.0 * kCacheSlots * kRowBytes / 1073741824.0);
+  DeviceBuffer<uint16_t> k_cache(static_cast<size_t>(kCacheSlots * kKvHeads * kDim));
+  DeviceBuffer<uint16_t> v_cache(k_cache.size());
+  FillRandomBf16<<<1024, 256>>>(k_cache.get(), static_cast<int64_t>(k_cache.size()), 1u);
+  FillRandomBf16<<<1024, 256>>>(v_cache.get(), static_cast<int64_t>(v_cache.size()), 2u);
+  TS_CUDA_CHECK(cudaGetLastError());
+  TS_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto* kc = reinterpret_cast<const __nv_bfloat16*>(k_cache.get());
+  const auto* vc = reinterpret_cast<const __nv_bfloat16*>(v_cache.get());
+
+  if (variants) return Variants(kc, vc, prop.multiProcessorCount);
+
+  // ---- Selection. ----
+  std::vector<float> query(static_cast<size_t>(kHeads * kDim));
+  for (float& x : query) x = normal(rng) * (3.0f / std::sqrt(float(kDim)));
+  DeviceBuffer<float> d_query(query);
+  DeviceBuffer<float> d_max(kHeads), d_inv(kHeads);
+  DeviceBuffer<char> score_ws(ScoreKeysWorkspaceBytes(kHeads));
+  score_ws.Zero();
+  const int64_t k = 2048;
+  DeviceBuffer<int32_t> d_topk(k);
+  const int64_t sizes[] = {32 << 10, 128 << 10, 512 << 10, 1 << 20};
+  for (int64_t n : sizes) {
+    // Rotate among disjoint slot windows so that the keys of a rep are not in L2.
+    const int sets = static_cast<int>(std::min<int64_t>(8, kCacheSlots / n));
+    std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> slot_sets;
+    std::vector<int32_t> first_slots;
+    for (int s = 0; s < sets; ++s) {
+      first_slots = PagedSlots(n, s * n, rng);
+      slot_sets.push_back(std::make_unique<DeviceBuffer<int32_t>>(first_slots));
+    }
+    DeviceBuffer<float> logits(static_cast<size_t>(n * kHeads)), vote(static_cast<size_t>(n));
+    DeviceBuffer<char> topk_ws(TopKWorkspaceBytes(n));
+    KeyScoreParams sp;
+    sp.logits = logits.get();
+    sp.head_max = d_max.get();
+    sp.head_inv_sum = d_inv.get();
+    sp.query = d_query.get();
+    sp.k_cache = kc;
+    sp.workspace = score_ws.get();
+    sp.n = n;
+    sp.num_heads = kHeads;
+    sp.num_kv_heads = kKvHeads;
+    sp.head_dim = kDim;
+    sp.scale = 1.0f;
+    VoteParams vp;
+    vp.vote = vote.get();
+    vp.logits = logits.get();
+    vp.head_max = d_max.get();
+    vp.head_inv_sum = d_inv.get();
+    vp.n = n;
+    vp.num_heads = kHeads;
+    TopKParams tp;
+    tp.out = d_topk.get();
+    tp.scores = vote.get();
+    tp.workspace = topk_ws.get();
+    tp.n = n;
+    tp.k = k;
+    auto score = [&](int rep) {
+      sp.slots = slot_sets[rep % sets]->get();
+      TS_CUDA_CHECK(ScoreKeys(sp, g_stream));
+    };
+    auto all = [&](int rep) {
+      score(rep);
+      TS_CUDA_CHECK(VoteFromLogits(vp, g_stream));
+      TS_CUDA_CHECK(TopK(tp, g_stream));
+    };
+    if (n == sizes[0]) {
+      // Check: fp64 CPU soft vote over the last slot set, then the top-k tolerance rule.
+      logits.Poison();
+      vote.Poison();
+      d_topk.Poison();
+      all(sets - 1);
+      TS_CUDA_CHECK(cudaDeviceSynchronize());
+      // The last set's slots lie in [(sets - 1) n, sets n): copy that window.
+      const int64_t window_first = (sets - 1) * n;
+      std::vector<uint16_t> window(static_cast<size_t>(n * kKvHeads * kDim));
+      TS_CUDA_CHECK(cudaMemcpy(window.data(), k_cache.get() + window_first * kKvHeads * kDim,
+                               window.size() * 2, cudaMemcpyDeviceToHost));
+      std::vector<double> s(static_cast<size_t>(kHeads * n));
+      std::vector<double> mx(kHeads, -1e300), z(kHeads, 0.0), ref(static_cast<size_t>(n), 0.0);
+      for (int64_t j = 0; j < n; ++j) {
+        const uint16_t* row =
+            window.data() + (first_slots[j] - window_first) * kKvHeads * kDim;
+        for (int64_t h = 0; h < kHeads; ++h) {
+          const uint16_t* key = row + (h / (kHeads / kKvHeads)) * kDim;
+          double acc = 0.0;
+          for (int64_t e = 0; e < kDim; ++e) acc += double(query[h * kDim + e]) * gpu_test::Bf16BitsToFloat(key[e]);
+          s[h * n + j] = acc;
+          mx[h] = std::max(mx[h], acc);
+        }
+      }
+      for (int64_t h = 0; h < kHeads; ++h)
+        for (int64_t j = 0; j < n; ++j) z[h] += std::exp(s[h * n + j] - mx[h]);
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t h = 0; h < kHeads; ++h) ref[j] += std::exp(s[h * n + j] - mx[h]) / z[h];
+      const std::vector<float> got = vote.Download();
+      double max_rel = 0.0;
+      for (int64_t j = 0; j < n; ++j) max_rel = std::max(max_rel, std::fabs(got[j] - ref[j]) / ref[j]);
+      std::vector<double> sorted(ref);
+      std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<double>());
+      const double t = sorted[k - 1];
+      const std::vector<int32_t> picked = d_topk.Download();
+      int outside = 0, bad = 0;
+      for (int32_t i : picked) {
+        if (i < 0 || i >= n) { ++bad; continue; }
+        if (ref[i] < t) ++outside;
+        if (ref[i] < t * (1 - 2e-4)) ++bad;
+      }
+      const bool sorted_ok = std::is_sorted(picked.begin(), picked.end()) &&
+                             std::adjacent_find(picked.begin(), picked.end()) == picked.end();
+      std::printf("check select N=%lld: vote max rel err %.2e (fp64 ref), top-%lld: %d near-tie "
+                  "swaps, %d violations, ascending %s -> %s\n",
+                  static_cast<long long>(n), max_rel, static_cast<long long>(k), outside, bad,
+                  sorted_ok ? "yes" : "NO",
+                  (max_rel < 1e-4 && bad == 0 && sorted_ok) ? "OK" : "FAILED");
+      if (!(max_rel < 1e-4 && bad == 0 && sorted_ok)) return 1;
+    }
+    const double t_score = GraphMedianMs(score, reps);
+    const double t_all = GraphMedianMs(all, reps);
+    const double key_bytes = double(n) * kRowBytes;
+    char what[64];
+    std::snprintf(what, sizeof(what), "select N=%lldK score only", static_cast<long long>(n >> 10));
+    rows.push_back({what, t_score, key_bytes / t_score / 1e6, ""});
+    std::snprintf(what, sizeof(what), "select N=%lldK score+vote+top2048",
+                  static_cast<long long>(n >> 10));
+    rows.push_back({what, t_all, key_bytes / t_all / 1e6, ""});
+  }
+
+  // ---- Decode attention. ----
+  RopeParams rope;
+  rope.head_dim = kDim;
+  rope.theta = 500000.0;
+  const std::vector<float> inv_freq = RopeInverseFrequencies(rope);
+  DeviceBuffer<float> d_inv_freq(inv_freq);
+  std::vector<float> q(static_cast<size_t>(kHeads * kDim));
+  for (float& x : q) x = normal(rng);
+  const auto q_bits = gpu_test::RoundToBf16(&q);
+  DeviceBuffer<uint16_t> d_q(q_bits), d_out(q.size());
+  auto decode_case = [&](const char* name, int64_t n, bool sparse) {
+    const int sets = sparse ? 16 : static_cast<int>(std::min<int64_t>(8, kCacheSlots / n));
+    std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> idx_sets, pos_sets;
+    std::vector<int32_t> indices(static_cast<size_t>(n)), positions(static_cast<size_t>(n));
+    std::uniform_int_distribution<int32_t> any_slot(0, static_cast<int32_t>(kCacheSlots - 1));
+    for (int s = 0; s < sets; ++s) {
+      if (sparse) {
+        for (auto& x : indices) x = any_slot(rng);
+      } else {
+        indices = PagedSlots(n, s * n, rng);
+      }
+      std::iota(positions.begin(), positions.end(), 0);
+      idx_sets.push_back(std::make_unique<DeviceBuffer<int32_t>>(indices));
+      pos_sets.push_back(std::make_unique<DeviceBuffer<int32_t>>(positions));
+    }
+    const std::vector<int32_t> indptr = {0, static_cast<int32_t>(n)};
+    const std::vector<int32_t> q_pos = {static_cast<int32_t>(n)};
+    DeviceBuffer<int32_t> d_indptr(indptr), d_q_pos(q_pos);
+    const int splits = PlanDecodeSplits(1, kKvHeads, n, prop.multiProcessorCount);
+    DeviceBuffer<char> ws(DecodeAttentionWorkspaceBytes(1, kHeads, kDim, splits));
+    DecodeAttentionParams p;
+    p.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
+    p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
+    p.q_positions = d_q_pos.get();
+    p.k_cache = kc;
+    p.v_cache = vc;
+    p.indptr = d_indptr.get();
+    p.inv_freq = d_inv_freq.get();
+    p.workspace = ws.get();
+    p.batch = 1;
+    p.num_heads = kHeads;
+    p.num_kv_heads = kKvHeads;
+    p.head_dim = kDim;
+    p.num_splits = splits;
+    p.scale = 1.0f / std::sqrt(float(kDim));
+    auto run = [&](int rep) {
+      p.indices = idx_sets[rep % sets]->get();
+      p.kv_positions = pos_sets[rep % sets]->get();
+      TS_CUDA_CHECK(DecodeAttention(p, g_stream));
+    };
+    if (sparse) {  // check against cpu::GatherAttention on the last list
+      d_out.Poison();
+      run(sets - 1);
+      TS_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<float> kf(static_cast<size_t>(n * kKvHeads * kDim)), vf(kf.size());
+      std::vector<uint16_t> row(static_cast<size_t>(kKvHeads * kDim));
+      std::vector<int32_t> local(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        local[j] = static_cast<int32_t>(j);
+        for (int which = 0; which < 2; ++which) {
+          TS_CUDA_CHECK(cudaMemcpy(row.data(), (which ? v_cache : k_cache).get() + int64_t(indices[j]) * kKvHeads * kDim,
+                                   row.size() * 2, cudaMemcpyDeviceToHost));
+          for (size_t e = 0; e < row.size(); ++e) {
+            (which ? vf : kf)[j * kKvHeads * kDim + e] = gpu_test::Bf16BitsToFloat(row[e]);
+          }
+        }
+      }
+      std::vector<float> ref(q.size());
+      GatherAttentionParams gp;
+      gp.out = ref.data();
+      gp.q = q.data();
+      gp.q_positions = q_pos.data();
+      gp.k_cache = kf.data();
+      gp.v_cache = vf.data();
+      gp.kv_slots = local.data();
+      gp.kv_positions = positions.data();
+      gp.inv_freq = inv_freq.data();
+      gp.num_queries = 1;
+      gp.kv_len = n;
+      gp.num_heads = kHeads;
+      gp.num_kv_heads = kKvHeads;
+      gp.head_dim = kDim;
+      gp.scale = p.scale;
+      cpu::GatherAttention(gp);
+      const std::vector<uint16_t> out = d_out.Download();
+      double e2 = 0.0, r2 = 0.0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double d = gpu_test::Bf16BitsToFloat(out[i]) - ref[i];
+        e2 += std::isnan(d) ? 1e30 : d * d;
+        r2 += double(ref[i]) * ref[i];
+      }
+      const double rel = std::sqrt(e2 / r2);
+      std::printf("check sparse decode (%lld tokens, %d splits): rel L2 err %.2e vs "
+                  "cpu::GatherAttention -> %s\n", static_cast<long long>(n), splits, rel,
+                  rel < 5e-3 ? "OK" : "FAILED");
+      if (!(rel < 5e-3)) return false;
+    }
+    const double ms = GraphMedianMs(run, reps);
+    char note[64];
+    std::snprintf(note, sizeof(note), "%d splits", splits);
+    rows.push_back({name, ms, 2.0 * n * kRowBytes / ms / 1e6, note});
+    return true;
+  };
+  if (!decode_case("sparse decode 128+2048+512", 2688, true)) return 1;
+  if (!decode_case("dense decode N=128K", 128 << 10, false)) return 1;
+  if (!decode_case("dense decode N=1M", 1 << 20, false)) return 1;
+
+  std::printf("\n%-36s %10s %10s %8s  %s\n", "case (Llama-3-8B shape, bf16)", "ms", "GB/s",
+              "%copy", "note");
+  for (const Row& r : rows) {
+    std::printf("%-36s %10.4f %10.1f %7.1f%%  %s\n", r.what.c_str(), r.ms, r.gbps,
+                100.0 * r.gbps / copy_gbps, r.note.c_str());
+  }
+  std::printf("GB/s: selection counts key bytes (N * 2 KiB); decode counts K + V bytes; copy "
+              "counts read + write.\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace tokenselect::kernels::cuda
+
+int main(int argc, char** argv) { return tokenselect::kernels::cuda::Main(argc, argv); }

@@ -1,0 +1,79 @@
+// TokenSelect selection on the GPU (docs/DESIGN.md section 4): paged key scoring of the selection
+// query, per-head softmax statistics, the head-summed soft vote, and a deterministic top-k.
+//
+//   ScoreKeys        s[j, h] = scale * q[h, :] . K[slots[j], h / g, :]   (logits, token-major)
+//                    plus m[h] = max_j s[j, h] and inv_sum[h] = 1 / sum_j exp(s[j, h] - m[h])
+//   VoteFromLogits   vote[j] = sum_h exp(s[j, h] - m[h]) * inv_sum[h]   (soft vote), or
+//                    vote[j] = sum_h s[j, h]                              (top-k ablation)
+//   TopK             the k best of scores[0, n) by "higher score first, then lower index"
+//                    (engine/selection/top_k.h's rule; NaN ranks lowest), ascending by index.
+//
+// Storage: keys bf16, query fp32, logits/votes fp32, all accumulation in fp32. The launchers take
+// a cudaStream_t, never synchronise, and return the first CUDA error (cudaErrorInvalidValue for
+// unsupported shapes: head_dim 64 or 128, group size 1, 2, 4 or 8).
+#ifndef TOKENSELECT_KERNELS_CUDA_SELECTION_H_
+#define TOKENSELECT_KERNELS_CUDA_SELECTION_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tokenselect::kernels::cuda {
+
+struct KeyScoreParams {
+  float* logits = nullptr;              // [n, num_heads] fp32, token-major (one 4H-byte row/token)
+  float* head_max = nullptr;            // [num_heads]: max_j logits[j, h]
+  float* head_inv_sum = nullptr;        // [num_heads]: 1 / sum_j exp(logits[j, h] - head_max[h])
+  const float* query = nullptr;         // [num_heads, head_dim], the selection query
+  const __nv_bfloat16* k_cache = nullptr;  // [num_slots, num_kv_heads, head_dim], un-rotated
+  const int32_t* slots = nullptr;       // [n]: cache slot of candidate j
+  // ScoreKeysWorkspaceBytes() bytes, zeroed once after allocation (the kernel leaves it zeroed).
+  void* workspace = nullptr;
+  int64_t n = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;             // query head h uses kv head h / (num_heads / num_kv_heads)
+  int64_t head_dim = 0;
+  float scale = 1.0f;
+};
+
+size_t ScoreKeysWorkspaceBytes(int64_t num_heads);
+
+// One pass over the keys: logits, plus the per-head softmax statistics (per-block partial
+// max/sum-exp, combined by the last block to finish). n == 0 writes nothing.
+cudaError_t ScoreKeys(const KeyScoreParams& params, cudaStream_t stream);
+
+enum class VoteMode { kSoftVote, kSumLogits };
+
+struct VoteParams {
+  float* vote = nullptr;                // [n]
+  const float* logits = nullptr;        // [n, num_heads] (ScoreKeys)
+  const float* head_max = nullptr;      // [num_heads] (soft vote only)
+  const float* head_inv_sum = nullptr;  // [num_heads] (soft vote only)
+  int64_t n = 0;
+  int64_t num_heads = 0;
+  VoteMode mode = VoteMode::kSoftVote;
+};
+
+// Heads are summed in a fixed order, so equal logit rows give bitwise-equal votes.
+cudaError_t VoteFromLogits(const VoteParams& params, cudaStream_t stream);
+
+struct TopKParams {
+  int32_t* out = nullptr;               // [min(k, n)] indices, ascending
+  const float* scores = nullptr;        // [n]
+  void* workspace = nullptr;            // TopKWorkspaceBytes() bytes (no initialisation needed)
+  int64_t n = 0;                        // up to 2^31 - 1
+  int64_t k = 0;
+};
+
+size_t TopKWorkspaceBytes(int64_t n);
+
+// Radix select on the order-preserving 32-bit image of the scores (4 passes of 8 bits), then a
+// stable compaction: every score above the k-th best wins, plus the first (by index) of those
+// equal to it. Deterministic; 7 launches, no host synchronisation.
+cudaError_t TopK(const TopKParams& params, cudaStream_t stream);
+
+}  // namespace tokenselect::kernels::cuda
+
+#endif  // TOKENSELECT_KERNELS_CUDA_SELECTION_H_

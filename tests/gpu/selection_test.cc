@@ -1,0 +1,246 @@
+// Needs a GPU (label gpu): the CUDA selection kernels (kernels/cuda/selection.h) against the CPU
+// selection oracle (engine/selection: ScoreCandidates, SoftVote, SumOverHeads, TopKByScore) on
+// fresh random inputs, odd sizes, groups 1/2/4/8 and head dims 64/128. Outputs are poisoned with
+// NaN (-1 for indices) before every run, so an unwritten element fails.
+//
+// Tolerance rule for the selected indices against the CPU's (votes differ by fp32 rounding: a
+// different summation order in the dot products and exp, ~1e-6 relative, checked at 1e-4):
+//   1. The GPU top-k of the GPU votes must equal the CPU TopKByScore of the same (downloaded)
+//      votes exactly: the top-k itself has no tolerance, ties included.
+//   2. Against the CPU votes, let t be the k-th best CPU vote. An index the GPU picked and the CPU
+//      did not must have cpu_vote >= t * (1 - 2e-4); one the CPU picked and the GPU did not must
+//      have cpu_vote <= t * (1 + 2e-4). Mismatches are thus only swaps across the threshold
+//      within twice the vote tolerance (near-ties), never a clearly better token left out.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "engine/selection/key_scores.h"
+#include "engine/selection/soft_vote.h"
+#include "engine/selection/top_k.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/selection.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace tokenselect::kernels::cuda {
+namespace {
+
+using gpu_test::DeviceBuffer;
+
+struct ScoreCase {
+  int64_t n;
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  int64_t k;
+};
+
+class SelectionGpuTest : public ::testing::TestWithParam<ScoreCase> {};
+
+TEST_P(SelectionGpuTest, ScoreVoteTopKMatchCpu) {
+  const ScoreCase c = GetParam();
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t num_slots = c.n + 777;
+  const int64_t row = c.num_kv_heads * c.head_dim;
+  std::vector<float> keys(static_cast<size_t>(num_slots * row));
+  for (float& x : keys) x = normal(rng);
+  const std::vector<uint16_t> key_bits = gpu_test::RoundToBf16(&keys);
+  // Query scaled so that logits have a std of ~3 (a peaked but not degenerate softmax).
+  std::vector<float> query(static_cast<size_t>(c.num_heads * c.head_dim));
+  const float q_std = 3.0f / std::sqrt(static_cast<float>(c.head_dim));
+  for (float& x : query) x = normal(rng) * q_std;
+  std::vector<int32_t> perm(static_cast<size_t>(num_slots));
+  for (int64_t i = 0; i < num_slots; ++i) perm[i] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> slots(perm.begin(), perm.begin() + c.n);
+  const float scale = 1.0f;
+
+  // CPU oracle.
+  engine::KeyCacheView view;
+  view.k_cache = keys.data();
+  view.slots = slots.data();
+  view.num_tokens = c.n;
+  view.num_slots = num_slots;
+  view.num_kv_heads = c.num_kv_heads;
+  view.head_dim = c.head_dim;
+  std::vector<float> cpu_logits(static_cast<size_t>(c.num_heads * c.n));
+  engine::ScoreCandidates(query.data(), c.num_heads, view, 0, c.n, scale, cpu_logits.data());
+  std::vector<float> cpu_sum(static_cast<size_t>(c.n));
+  engine::SumOverHeads(cpu_logits.data(), c.num_heads, c.n, cpu_sum.data());
+  std::vector<double> cpu_max(static_cast<size_t>(c.num_heads), -INFINITY);
+  std::vector<double> cpu_denominator(static_cast<size_t>(c.num_heads), 0.0);
+  for (int64_t h = 0; h < c.num_heads; ++h) {
+    for (int64_t j = 0; j < c.n; ++j) cpu_max[h] = std::max<double>(cpu_max[h], cpu_logits[h * c.n + j]);
+    for (int64_t j = 0; j < c.n; ++j) cpu_denominator[h] += std::exp(cpu_logits[h * c.n + j] - cpu_max[h]);
+  }
+  std::vector<float> soft = cpu_logits;
+  std::vector<float> cpu_vote(static_cast<size_t>(c.n));
+  engine::SoftVote(soft.data(), c.num_heads, c.n, cpu_vote.data());
+
+  // GPU.
+  DeviceBuffer<uint16_t> d_keys(key_bits);
+  DeviceBuffer<float> d_query(query);
+  DeviceBuffer<int32_t> d_slots(slots);
+  DeviceBuffer<float> d_logits(static_cast<size_t>(c.n * c.num_heads));
+  DeviceBuffer<float> d_max(static_cast<size_t>(c.num_heads));
+  DeviceBuffer<float> d_inv_sum(static_cast<size_t>(c.num_heads));
+  DeviceBuffer<float> d_vote(static_cast<size_t>(c.n));
+  DeviceBuffer<float> d_sum(static_cast<size_t>(c.n));
+  DeviceBuffer<char> d_score_ws(ScoreKeysWorkspaceBytes(c.num_heads));
+  d_score_ws.Zero();
+  const int64_t k = std::min(c.k, c.n);
+  DeviceBuffer<int32_t> d_topk(static_cast<size_t>(std::max<int64_t>(k, 1)));
+  DeviceBuffer<char> d_topk_ws(TopKWorkspaceBytes(c.n));
+  d_topk_ws.Poison();  // TopK must initialise what it needs
+  for (auto* b : {&d_logits, &d_max, &d_inv_sum, &d_vote, &d_sum}) b->Poison();
+  d_topk.Poison();
+
+  KeyScoreParams sp;
+  sp.logits = d_logits.get();
+  sp.head_max = d_max.get();
+  sp.head_inv_sum = d_inv_sum.get();
+  sp.query = d_query.get();
+  sp.k_cache = reinterpret_cast<const __nv_bfloat16*>(d_keys.get());
+  sp.slots = d_slots.get();
+  sp.workspace = d_score_ws.get();
+  sp.n = c.n;
+  sp.num_heads = c.num_heads;
+  sp.num_kv_heads = c.num_kv_heads;
+  sp.head_dim = c.head_dim;
+  sp.scale = scale;
+  // Twice: the workspace's completion counter must be left ready for the next launch.
+  for (int rep = 0; rep < 2; ++rep) {
+    ASSERT_EQ(ScoreKeys(sp, nullptr), cudaSuccess);
+  }
+  VoteParams vp;
+  vp.vote = d_vote.get();
+  vp.logits = d_logits.get();
+  vp.head_max = d_max.get();
+  vp.head_inv_sum = d_inv_sum.get();
+  vp.n = c.n;
+  vp.num_heads = c.num_heads;
+  ASSERT_EQ(VoteFromLogits(vp, nullptr), cudaSuccess);
+  vp.vote = d_sum.get();
+  vp.mode = VoteMode::kSumLogits;
+  ASSERT_EQ(VoteFromLogits(vp, nullptr), cudaSuccess);
+  TopKParams tp;
+  tp.out = d_topk.get();
+  tp.scores = d_vote.get();
+  tp.workspace = d_topk_ws.get();
+  tp.n = c.n;
+  tp.k = c.k;
+  ASSERT_EQ(TopK(tp, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  const std::vector<float> logits = d_logits.Download();
+  for (int64_t j = 0; j < c.n; ++j) {
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      const float ref = cpu_logits[h * c.n + j];
+      const float got = logits[j * c.num_heads + h];
+      ASSERT_NEAR(got, ref, 1e-4f + 1e-5f * std::fabs(ref)) << "token " << j << " head " << h;
+    }
+  }
+  const std::vector<float> head_max = d_max.Download();
+  const std::vector<float> inv_sum = d_inv_sum.Download();
+  for (int64_t h = 0; h < c.num_heads; ++h) {
+    EXPECT_NEAR(head_max[h], cpu_max[h], 1e-4 + 1e-5 * std::fabs(cpu_max[h])) << h;
+    EXPECT_NEAR(inv_sum[h] * cpu_denominator[h], 1.0, 1e-4) << h;
+  }
+  const std::vector<float> vote = d_vote.Download();
+  const std::vector<float> sum = d_sum.Download();
+  for (int64_t j = 0; j < c.n; ++j) {
+    ASSERT_NEAR(vote[j], cpu_vote[j], 1e-4f * cpu_vote[j] + 1e-30f) << "vote " << j;
+    ASSERT_NEAR(sum[j], cpu_sum[j], 1e-4f * (1.0f + std::fabs(cpu_sum[j]))) << "sum " << j;
+  }
+
+  // Rule 1: exact against the CPU top-k of the same votes.
+  std::vector<int32_t> topk = d_topk.Download();
+  topk.resize(static_cast<size_t>(k));
+  std::vector<int32_t> expected;
+  engine::TopKByScore(vote.data(), c.n, c.k, &expected);
+  ASSERT_EQ(topk, expected);
+  // Rule 2: against the CPU votes, mismatches only across the threshold within tolerance.
+  std::vector<int32_t> cpu_topk;
+  engine::TopKByScore(cpu_vote.data(), c.n, c.k, &cpu_topk);
+  if (k > 0 && k < c.n) {
+    std::vector<float> sorted = cpu_vote;
+    std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<float>());
+    const float t = sorted[k - 1];
+    const std::set<int32_t> gpu_set(topk.begin(), topk.end());
+    const std::set<int32_t> cpu_set(cpu_topk.begin(), cpu_topk.end());
+    int mismatches = 0;
+    for (int32_t i : topk) {
+      if (cpu_set.count(i) == 0) {
+        ++mismatches;
+        EXPECT_GE(cpu_vote[i], t * (1.0f - 2e-4f)) << "GPU picked " << i;
+      }
+    }
+    for (int32_t i : cpu_topk) {
+      if (gpu_set.count(i) == 0) {
+        EXPECT_LE(cpu_vote[i], t * (1.0f + 2e-4f)) << "GPU left " << i;
+      }
+    }
+    RecordProperty("mismatches", mismatches);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, SelectionGpuTest,
+    ::testing::Values(ScoreCase{1, 32, 8, 128, 2048},         // one token
+                      ScoreCase{1001, 32, 8, 128, 2048},      // k > n
+                      ScoreCase{70001, 32, 8, 128, 2048},     // Llama-3-8B, g = 4
+                      ScoreCase{40009, 32, 4, 128, 1000},     // g = 8
+                      ScoreCase{33333, 8, 8, 128, 777},       // g = 1
+                      ScoreCase{25013, 12, 6, 64, 513},       // g = 2, d = 64
+                      ScoreCase{50021, 12, 3, 64, 4097},      // g = 4, odd kv heads
+                      ScoreCase{30011, 16, 2, 64, 16384}));   // g = 8, d = 64, large k
+
+// Top-k alone on adversarial scores: many exact ties, NaN, +-0, +-inf, negatives.
+TEST(TopKGpuTest, MatchesCpuExactlyWithTies) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t sizes[] = {1, 7, 1000, 4096 * 3 + 5, (int64_t{1} << 20) + 3, int64_t{4} << 20};
+  for (int64_t n : sizes) {
+    std::vector<float> scores(static_cast<size_t>(n));
+    std::uniform_int_distribution<int> pick(0, 99);
+    std::normal_distribution<float> normal(0.0f, 10.0f);
+    for (float& s : scores) {
+      const int r = pick(rng);
+      if (r < 40) s = static_cast<float>(pick(rng) % 50);  // ties
+      else if (r < 42) s = NAN;
+      else if (r < 44) s = (r == 42) ? 0.0f : -0.0f;
+      else if (r < 45) s = (pick(rng) % 2) ? INFINITY : -INFINITY;
+      else s = normal(rng);
+    }
+    DeviceBuffer<float> d_scores(scores);
+    DeviceBuffer<char> ws(TopKWorkspaceBytes(n));
+    const int64_t ks[] = {0, 1, 5, 2048, 16384, n - 1, n, n + 3};
+    for (int64_t k : ks) {
+      if (k < 0) continue;
+      SCOPED_TRACE(testing::Message() << "n=" << n << " k=" << k);
+      const int64_t kk = std::min(k, n);
+      DeviceBuffer<int32_t> out(static_cast<size_t>(std::max<int64_t>(kk, 1)));
+      out.Poison();
+      ws.Poison();
+      TopKParams tp;
+      tp.out = out.get();
+      tp.scores = d_scores.get();
+      tp.workspace = ws.get();
+      tp.n = n;
+      tp.k = k;
+      ASSERT_EQ(TopK(tp, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<int32_t> got = out.Download();
+      got.resize(static_cast<size_t>(kk));
+      std::vector<int32_t> expected;
+      engine::TopKByScore(scores.data(), n, k, &expected);
+      ASSERT_EQ(got, expected);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tokenselect::kernels::cuda
