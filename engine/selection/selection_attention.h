@@ -7,6 +7,9 @@
 //     Selection Cache (a hit reuses the cached top-k; the local window still moves).
 // When the budget covers the cache (or the policy is dense) the list is every cached token in
 // order, whose compact positions are the true positions: exactly dense attention.
+// Stateful policies (tokenselect_span, infllm, cascade) get a per-layer SelectionLayerState
+// owned here; for policies that observe chunks, every step's new tokens are passed to
+// SelectionPolicy::ObserveChunk after the selection (building the span index in prefill).
 //
 // One per request; not thread-safe (the model calls it from one thread per step).
 #ifndef TOKENSELECT_ENGINE_SELECTION_SELECTION_ATTENTION_H_
@@ -18,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/attention_list.h"
+#include "engine/selection/layer_state.h"
 #include "engine/selection/selected_set.h"
 #include "engine/selection/selection_cache.h"
 #include "engine/selection/selection_options.h"
@@ -47,12 +51,19 @@ class SelectionAttention : public AttentionListProvider {
   const SelectionOptions& options() const { return policy_->options(); }
   const SelectionCache& cache() const { return cache_; }
   const SelectionStats& stats() const { return stats_; }
+  // The per-layer state of stateful policies (layer in range, checked), e.g. the span index.
+  const SelectionLayerState& layer_state(int64_t layer) const;
+  // For carrying the state with the KV (layer_state.h SerializeLayerState): a decode worker
+  // restores each layer's state before its first step. Layer in range (checked).
+  SelectionLayerState* mutable_layer_state(int64_t layer);
 
  private:
   SelectionAttention(std::unique_ptr<SelectionPolicy> policy, int64_t num_layers);
+  absl::Status ObserveChunk(const AttentionQuery& query);
 
   std::unique_ptr<SelectionPolicy> policy_;
   SelectionCache cache_;
+  std::vector<SelectionLayerState> layer_states_;  // [num_layers]
   SelectionStats stats_;
   SelectionScratch scratch_;
   SelectionResult result_;

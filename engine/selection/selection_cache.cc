@@ -70,7 +70,7 @@ absl::Status SelectionCache::Select(int64_t layer, const SelectionPolicy& policy
         absl::StrCat("selection cache: layer ", layer, " outside [0, ", num_layers(), ")"));
   }
   const SelectionOptions& opt = policy.options();
-  if (!policy.scores_keys() || input.keys.num_tokens < 0 ||
+  if (!policy.uses_selection_cache() || input.keys.num_tokens < 0 ||
       BudgetCoversAll(opt, input.keys.num_tokens)) {
     return policy.Select(input, out, scratch);  // not a lookup
   }

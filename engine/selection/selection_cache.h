@@ -16,9 +16,10 @@
 // cosine(a, b) = a.b / (|a| |b|) in double, clamped to [-1, 1]; it is 0 when either vector is
 // zero. theta = -1 therefore hits on every lookup after the first; theta > 1 never hits.
 //
-// A "lookup" is a Select call that needs a selection: scoring policy (tokenselect, topk,
-// head_vote) and n_init + k + n_local < N. Calls for dense/streaming policies or with the budget
-// covering N just run the policy; they neither count nor touch the entry.
+// A "lookup" is a Select call that needs a selection: a policy that uses the cache
+// (SelectionPolicy::uses_selection_cache: tokenselect, topk, head_vote, tokenselect_span) and
+// n_init + k + n_local < N. Calls for other policies or with the budget covering N just run the
+// policy; they neither count nor touch the entry.
 //
 // Not thread-safe: one request's cache is used by one thread at a time (like its TokenTable).
 #ifndef TOKENSELECT_ENGINE_SELECTION_SELECTION_CACHE_H_

@@ -11,6 +11,15 @@
 //   dense        full attention over every cached token.
 //   streaming    StreamingLLM: n_init sinks plus a recent window. At equal budget the window is
 //                k + n_local tokens, so every policy attends n_init + k + n_local cached tokens.
+//   tokenselect_span  TokenSelect over a span index (Ltri-LLM, span_policy.h): spans scored by
+//                their index vectors, the best spans up to span.token_budget tokens, then the
+//                exact soft vote over their tokens only.
+//   infllm       InfLLM: blocks of baselines.infllm_block_size tokens, representative keys by
+//                received attention, top k / block_size blocks (infllm_policy.h).
+//   quest        Quest: pages with per-channel min/max keys, upper-bound page score, top pages
+//                until k tokens (quest_policy.h).
+//   cascade      Cascading KV cache: n_init sinks + sub-caches of k + n_local tokens in total
+//                (cascade_policy.h).
 #ifndef TOKENSELECT_ENGINE_SELECTION_SELECTION_OPTIONS_H_
 #define TOKENSELECT_ENGINE_SELECTION_SELECTION_OPTIONS_H_
 
@@ -28,10 +37,37 @@ enum class SelectionPolicyKind {
   kHeadVote = 2,
   kDense = 3,
   kStreaming = 4,
+  kTokenSelectSpan = 5,
+  kInfLlm = 6,
+  kQuest = 7,
+  kCascade = 8,
 };
 
 // The largest token index and budget value: token indices and kernel slot lists are int32.
 inline constexpr int64_t kMaxSelectionTokens = 2147483647;
+
+// The span index (tokenselect_span; span_detection.h, docs/selection.md).
+struct SpanOptions {
+  // Threshold subtracted from the chunk's attention map: this percentile of its causal entries.
+  double threshold_percentile = 90.0;  // [0, 100]
+  double nms_iou = 0.1;                // NMS keeps a span whose 1-D IoU with every kept one is <=
+  int64_t min_vectors = 1;             // index vectors per span, [1, max_vectors]
+  int64_t max_vectors = 8;
+  double lambda = 3.0;         // r_v = exp(-lambda (1 - r_a)), layers >= early_layers
+  double lambda_early = 20.0;  // ... layers < early_layers
+  int64_t early_layers = 4;
+  // Tokens of the best spans passed to the exact soft vote; 0 means 4 * k.
+  int64_t token_budget = 0;
+};
+
+// The other baselines (docs/selection.md says how they map onto the budget fields).
+struct BaselineOptions {
+  int64_t infllm_block_size = 128;
+  int64_t infllm_representatives = 4;  // representative keys per block
+  int64_t quest_page_size = 16;
+  int64_t cascade_sub_caches = 4;  // N ring sub-caches sharing k + n_local slots
+  double cascade_ema_decay = 0.9;  // ema = decay * ema + (1 - decay) * vote, in [0, 1)
+};
 
 struct SelectionOptions {
   SelectionPolicyKind policy = SelectionPolicyKind::kTokenSelect;
@@ -44,10 +80,16 @@ struct SelectionOptions {
   double theta = 0.9;
   int64_t chunk_size = 512;  // prefill chunk c (tokens per chunk)
   float scale = 1.0f;        // s[h, j] = scale * q_h . k_j (1 as in the public TokenSelect code)
+  SpanOptions span;
+  BaselineOptions baselines;
 };
 
+// span.token_budget, or 4 * k when it is 0 (capped at kMaxSelectionTokens).
+int64_t SpanTokenBudget(const SelectionOptions& options);
+
 // The policy's name as ParsePolicy accepts it: "tokenselect", "topk", "head_vote", "dense",
-// "streaming"; "unknown" for a value outside the enum.
+// "streaming", "tokenselect_span", "infllm", "quest", "cascade"; "unknown" for a value outside the
+// enum.
 absl::string_view PolicyName(SelectionPolicyKind kind);
 
 // Inverse of PolicyName (exact, lower case). InvalidArgument naming selection.policy and
@@ -58,7 +100,10 @@ absl::StatusOr<SelectionPolicyKind> ParsePolicy(absl::string_view name);
 // the offending value, e.g. "selection.k must be >= 0, got -3". Ranges: policy one of the enum
 // values; n_init, k, n_local in [0, kMaxSelectionTokens] with n_init + k + n_local also within
 // it; theta finite and >= -1 (> 1 disables the cache); chunk_size in [1, kMaxSelectionTokens];
-// scale finite and > 0.
+// scale finite and > 0; span: percentile in [0, 100], nms_iou in [0, 1], 1 <= min_vectors <=
+// max_vectors <= 4096, lambdas finite and >= 0, early_layers >= 0, token_budget in [0,
+// kMaxSelectionTokens]; baselines: block size, representatives, page size in [1, 1 << 20],
+// sub-caches in [1, 30], ema decay in [0, 1).
 absl::Status ValidateSelectionOptions(const SelectionOptions& options);
 
 }  // namespace tokenselect::engine

@@ -5,7 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/selection/cascade_policy.h"
+#include "engine/selection/infllm_policy.h"
+#include "engine/selection/quest_policy.h"
 #include "engine/selection/soft_vote.h"
+#include "engine/selection/span_policy.h"
 #include "engine/selection/top_k.h"
 
 namespace tokenselect::engine {
@@ -160,6 +164,11 @@ absl::Status ValidateSelectionInput(const SelectionInput& input, bool check_slot
   return absl::OkStatus();
 }
 
+absl::Status SelectionPolicy::ObserveChunk(const ChunkObservation& chunk,
+                                           SelectionLayerState* state) const {
+  return absl::OkStatus();
+}
+
 absl::Status SelectionPolicy::Select(const SelectionInput& input, SelectionResult* out,
                                      SelectionScratch* scratch) const {
   RETURN_IF_ERROR(CheckNumTokens(input.keys.num_tokens));
@@ -169,6 +178,10 @@ absl::Status SelectionPolicy::Select(const SelectionInput& input, SelectionResul
       return absl::OkStatus();
     }
     RETURN_IF_ERROR(ValidateSelectionInput(input));
+  }
+  if (needs_state() && input.state == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "selection policy ", PolicyName(kind()), " needs per-layer state (input.state is null)"));
   }
   SelectionScratch local;
   DoSelect(input, scratch != nullptr ? scratch : &local, out);
@@ -189,6 +202,14 @@ absl::StatusOr<std::unique_ptr<SelectionPolicy>> CreateSelectionPolicy(
       return std::unique_ptr<SelectionPolicy>(new DensePolicy(options));
     case SelectionPolicyKind::kStreaming:
       return std::unique_ptr<SelectionPolicy>(new StreamingPolicy(options));
+    case SelectionPolicyKind::kTokenSelectSpan:
+      return CreateSpanPolicy(options);
+    case SelectionPolicyKind::kInfLlm:
+      return CreateInfLlmPolicy(options);
+    case SelectionPolicyKind::kQuest:
+      return CreateQuestPolicy(options);
+    case SelectionPolicyKind::kCascade:
+      return CreateCascadePolicy(options);
   }
   return absl::InvalidArgumentError("selection.policy has no valid value");
 }

@@ -12,6 +12,9 @@
 //        any key.
 //   dense      every token [0, N).
 //   streaming  [0, n_init) + the last k + n_local tokens (everything when that covers N).
+//   tokenselect_span, infllm, quest, cascade  span_policy.h, infllm_policy.h, quest_policy.h,
+//        cascade_policy.h; like the scoring policies they select everything without reading
+//        any key when n_init + k + n_local >= N.
 //
 // Select is const and thread-safe; pass a SelectionScratch per thread to reuse the O(H * N)
 // score buffer across calls instead of allocating it each time.
@@ -31,11 +34,16 @@
 
 namespace tokenselect::engine {
 
+struct ChunkObservation;     // chunk_attention.h
+struct SelectionLayerState;  // layer_state.h
+
 struct SelectionInput {
   // [num_heads, head_dim]: the selection query of this step (selection_query.h), RoPE applied.
   const float* query = nullptr;
   int64_t num_heads = 0;
   KeyCacheView keys;  // this layer's keys of the request's cached tokens [0, N)
+  // This request's and layer's state, for the stateful policies (needs_state()); else unused.
+  SelectionLayerState* state = nullptr;
 };
 
 // Buffers a caller may keep between Select calls (one per thread).
@@ -62,13 +70,26 @@ class SelectionPolicy {
   const SelectionOptions& options() const { return options_; }
   SelectionPolicyKind kind() const { return options_.policy; }
 
-  // Whether Select reads keys (tokenselect, topk, head_vote) and a selection cache applies.
+  // Whether Select reads keys and the query (every policy but dense and streaming).
   virtual bool scores_keys() const = 0;
+  // Whether decode steps go through the selection cache (tokenselect, topk, head_vote,
+  // tokenselect_span; the other baselines run as their papers describe, every step).
+  virtual bool uses_selection_cache() const { return scores_keys(); }
+  // Whether Select needs input.state (tokenselect_span, infllm, cascade).
+  virtual bool needs_state() const { return false; }
+  // Whether the provider must call ObserveChunk for every forward step's new tokens
+  // (tokenselect_span builds its span index there, infllm its received attention).
+  virtual bool observes_chunks() const { return false; }
+  // Records what the policy needs of the new tokens [chunk.first_token, + num_new) into
+  // `state`. InvalidArgument for an invalid chunk (ValidateChunkObservation).
+  virtual absl::Status ObserveChunk(const ChunkObservation& chunk,
+                                    SelectionLayerState* state) const;
 
   // Fills `out` (all fields overwritten) for the N = input.keys.num_tokens cached tokens.
   // InvalidArgument when N is outside [0, kMaxSelectionTokens], or when keys are to be read
   // (scoring policy, budget below N) and ValidateSelectionInput fails; `out` is unspecified then.
-  // Dense and streaming read nothing but keys.num_tokens.
+  // Dense and streaming read nothing but keys.num_tokens. FailedPrecondition when needs_state()
+  // and input.state is null.
   absl::Status Select(const SelectionInput& input, SelectionResult* out,
                       SelectionScratch* scratch = nullptr) const;
 
