@@ -1,0 +1,452 @@
+#include "decode_worker/decode_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "engine/kvcache/token_table.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/stop_checker.h"
+#include "engine/selection/selection_attention.h"
+#include "engine/transfer/kv_receiver.h"
+#include "tokenizer/stream_decoder.h"
+
+namespace tokenselect::decode_worker {
+
+class Session {
+ public:
+  enum class State { kReserved, kReady, kRunning, kDone };
+
+  DecodeSpec spec;
+  Reservation reservation;
+  common::Stopwatch since_admit;
+
+  // KV reception; the table is the loop thread's once the state is kRunning.
+  absl::Mutex kv_mu;
+  std::unique_ptr<engine::TokenTable> table;     // kv_mu until kRunning, then the loop thread's
+  std::unique_ptr<engine::KvReceiver> receiver;  // kv_mu until kRunning, then the loop thread's
+  engine::KvFinal final;
+
+  // Guarded by the engine's mu_.
+  State state = State::kReserved;
+  absl::Time lease_expires;
+  std::atomic<bool> done{false};
+
+  // Owned by the loop thread.
+  std::unique_ptr<engine::SelectionAttention> attention;
+  std::optional<engine::Sampler> sampler;
+  std::unique_ptr<engine::StopChecker> stop;
+  std::unique_ptr<tokenizer::StreamDecoder> decoder;
+  std::vector<int32_t> generated;
+  common::Stopwatch decode_clock;
+  double kv_wait_seconds = 0;
+
+  // Ignores everything after the first terminal event.
+  void Push(DecodeEvent event) {
+    absl::MutexLock lock(&ev_mu_);
+    if (closed_) return;
+    if (event.kind != DecodeEvent::Kind::kTokens) closed_ = true;
+    events_.push_back(std::move(event));
+  }
+  std::optional<DecodeEvent> Next(absl::Duration timeout) {
+    absl::MutexLock lock(&ev_mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ev_mu_) { return !events_.empty(); };
+    if (!ev_mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) return std::nullopt;
+    DecodeEvent event = std::move(events_.front());
+    events_.pop_front();
+    return event;
+  }
+
+ private:
+  absl::Mutex ev_mu_;
+  std::deque<DecodeEvent> events_ ABSL_GUARDED_BY(ev_mu_);
+  bool closed_ ABSL_GUARDED_BY(ev_mu_) = false;
+};
+
+namespace {
+
+DecodeEvent ErrorEvent(absl::Status status) {
+  DecodeEvent event;
+  event.kind = DecodeEvent::Kind::kError;
+  event.status = std::move(status);
+  return event;
+}
+
+}  // namespace
+
+const Reservation& DecodeStream::reservation() const { return session_->reservation; }
+
+std::optional<DecodeEvent> DecodeStream::Next(absl::Duration timeout) {
+  return session_->Next(timeout);
+}
+
+absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
+    const engine::Model* model, const tokenizer::Tokenizer* tok,
+    const DecodeEngineOptions& options) {
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::PagePool> pool,
+      engine::PagePool::Create(model->KvCacheOptions(options.kv_pages, options.page_size)));
+  return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, tok, std::move(pool), options));
+}
+
+DecodeEngine::DecodeEngine(const engine::Model* model, const tokenizer::Tokenizer* tok,
+                           std::unique_ptr<engine::PagePool> pool,
+                           const DecodeEngineOptions& options)
+    : model_(model),
+      tokenizer_(tok),
+      pool_(std::move(pool)),
+      options_(options),
+      clock_(options.clock != nullptr ? options.clock : common::Clock::Real()) {
+  for (int64_t id : model_->config().eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+  for (int32_t id : tokenizer_->eos_ids()) eos_ids_.push_back(id);
+  std::sort(eos_ids_.begin(), eos_ids_.end());
+  eos_ids_.erase(std::unique(eos_ids_.begin(), eos_ids_.end()), eos_ids_.end());
+  loop_ = std::thread([this] { LoopThread(); });
+  lease_ = std::thread([this] { LeaseThread(); });
+}
+
+DecodeEngine::~DecodeEngine() { Shutdown(absl::ZeroDuration()); }
+
+absl::StatusOr<DecodeStream> DecodeEngine::Admit(DecodeSpec spec) {
+  const int64_t vocab = model_->config().vocab_size;
+  if (spec.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
+  if (spec.prompt.empty()) {
+    return absl::InvalidArgumentError("request.prompt_token_ids must not be empty");
+  }
+  for (size_t i = 0; i < spec.prompt.size(); ++i) {
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request.prompt_token_ids[", i, "] = ", spec.prompt[i], " is outside [0, ", vocab, ")"));
+    }
+  }
+  RETURN_IF_ERROR(engine::Validate(spec.sampling, static_cast<int>(vocab)));
+  RETURN_IF_ERROR(engine::ValidateSelectionOptions(spec.selection));
+  const int64_t prompt_tokens = static_cast<int64_t>(spec.prompt.size());
+  const int64_t needed = prompt_tokens + spec.sampling.max_new_tokens;
+  if (needed > pool_->num_slots()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt too long: prompt (", prompt_tokens, ") + sampling.max_new_tokens (",
+                     spec.sampling.max_new_tokens, ") exceeds this worker's KV capacity of ",
+                     pool_->num_slots(), " tokens"));
+  }
+  auto s = std::make_shared<Session>();
+  s->reservation.reservation_id = common::NewId("rsv");
+  s->reservation.request_id = spec.request_id;
+  s->reservation.reserved_tokens = needed;
+  s->reservation.prompt_tokens = prompt_tokens;
+  s->reservation.layout = layout();
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return absl::UnavailableError("decode worker is shutting down");
+    if (sessions_.contains(spec.request_id)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("request_id '", spec.request_id, "' is already running here"));
+    }
+    if (static_cast<int64_t>(sessions_.size()) >= options_.max_running) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("decode worker is full (", options_.max_running, " requests)"));
+    }
+    auto table = std::make_unique<engine::TokenTable>(pool_.get(), spec.request_id);
+    RETURN_IF_ERROR(table->Reserve(needed));
+    {
+      absl::MutexLock kv_lock(&s->kv_mu);
+      s->receiver = std::make_unique<engine::KvReceiver>(
+          spec.request_id, s->reservation.reservation_id, table.get(), prompt_tokens);
+      s->table = std::move(table);
+    }
+    s->lease_expires = clock_->Now() + options_.lease_timeout;
+    s->reservation.lease_expires = s->lease_expires;
+    s->spec = std::move(spec);
+    sessions_[s->spec.request_id] = s;
+  }
+  return DecodeStream(s);
+}
+
+std::shared_ptr<Session> DecodeEngine::Find(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(request_id);
+  return it == sessions_.end() ? nullptr : it->second;
+}
+
+void DecodeEngine::End(const std::shared_ptr<Session>& s, DecodeEvent event) {
+  bool release = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (s->state == Session::State::kDone) return;
+    release = s->state != Session::State::kRunning;  // the loop releases running tables
+    s->state = Session::State::kDone;
+    s->done = true;
+    auto it = sessions_.find(s->spec.request_id);
+    if (it != sessions_.end() && it->second == s) sessions_.erase(it);
+    ready_.erase(std::remove(ready_.begin(), ready_.end(), s), ready_.end());
+  }
+  if (release) {
+    absl::MutexLock kv_lock(&s->kv_mu);
+    s->receiver.reset();
+    if (s->table) s->table->Release();
+  }
+  s->Push(std::move(event));
+}
+
+absl::Status DecodeEngine::AcceptKv(const std::string& request_id,
+                                    const std::string& reservation_id,
+                                    const engine::KvBlock& block) {
+  std::shared_ptr<Session> s = Find(request_id);
+  {
+    absl::MutexLock lock(&mu_);
+    if (s == nullptr || s->state != Session::State::kReserved) {
+      return absl::NotFoundError(absl::StrCat("no reservation waiting for KV for request '",
+                                              request_id, "' (unknown, expired or complete)"));
+    }
+    s->lease_expires = clock_->Now() + options_.lease_timeout;
+  }
+  absl::Status status;
+  {
+    absl::MutexLock kv_lock(&s->kv_mu);
+    if (s->receiver == nullptr) return absl::NotFoundError("reservation already freed");
+    status = s->receiver->Accept(request_id, reservation_id, block);
+  }
+  if (!status.ok()) ResetKv(s);
+  return status;
+}
+
+void DecodeEngine::ResetKv(const std::shared_ptr<Session>& s) {
+  absl::MutexLock kv_lock(&s->kv_mu);
+  if (s->receiver == nullptr || s->table == nullptr) return;
+  s->receiver =
+      std::make_unique<engine::KvReceiver>(s->spec.request_id, s->reservation.reservation_id,
+                                           s->table.get(), s->reservation.prompt_tokens);
+}
+
+absl::StatusOr<engine::KvPushStats> DecodeEngine::FinishKv(const std::string& request_id,
+                                                           const std::string& reservation_id,
+                                                           const engine::KvFinal& final) {
+  std::shared_ptr<Session> s = Find(request_id);
+  {
+    absl::MutexLock lock(&mu_);
+    if (s == nullptr || s->state != Session::State::kReserved) {
+      return absl::NotFoundError(absl::StrCat("no reservation waiting for KV for request '",
+                                              request_id, "' (unknown, expired or complete)"));
+    }
+  }
+  absl::Status status;
+  engine::KvPushStats stats;
+  if (final.first_token_id >= model_->config().vocab_size) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("final.first_token_id ", final.first_token_id, " is outside the vocabulary"));
+  } else {
+    absl::MutexLock kv_lock(&s->kv_mu);
+    if (s->receiver == nullptr) return absl::NotFoundError("reservation already freed");
+    status = s->receiver->Finish(request_id, reservation_id, final);
+    stats.tokens_received = s->receiver->tokens_complete();
+    stats.bytes_received = s->receiver->bytes_received();
+    s->final = final;
+  }
+  if (!status.ok()) {
+    ResetKv(s);
+    return status;
+  }
+  absl::MutexLock lock(&mu_);
+  if (s->state != Session::State::kReserved) return absl::CancelledError("request ended");
+  s->state = Session::State::kReady;
+  s->kv_wait_seconds = s->since_admit.ElapsedSeconds();
+  ready_.push_back(s);
+  return stats;
+}
+
+void DecodeEngine::AbortKv(const std::string& request_id, const std::string& reservation_id,
+                           const absl::Status& status) {
+  std::shared_ptr<Session> s = Find(request_id);
+  if (s == nullptr || s->reservation.reservation_id != reservation_id) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (s->state != Session::State::kReserved) return;
+  }
+  TS_LOG(INFO, "request {}: KV stream aborted ({}); waiting for a retry until the lease ends",
+         request_id, status.ToString());
+  ResetKv(s);
+}
+
+bool DecodeEngine::Cancel(const std::string& request_id, const std::string& reason) {
+  std::shared_ptr<Session> s = Find(request_id);
+  if (s == nullptr) return false;
+  End(s, ErrorEvent(absl::CancelledError(absl::StrCat("request cancelled: ", reason))));
+  return true;
+}
+
+void DecodeEngine::LeaseThread() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(5));
+    if (stopping_) break;
+    const absl::Time now = clock_->Now();
+    std::vector<std::shared_ptr<Session>> expired;
+    for (const auto& [id, s] : sessions_) {
+      if (s->state == Session::State::kReserved && s->lease_expires <= now) expired.push_back(s);
+    }
+    if (expired.empty()) continue;
+    mu_.Unlock();
+    for (const auto& s : expired) {
+      TS_LOG(WARN, "request {}: reservation {} expired (no KV within {})", s->spec.request_id,
+             s->reservation.reservation_id, absl::FormatDuration(options_.lease_timeout));
+      End(s, ErrorEvent(absl::DeadlineExceededError(
+                 absl::StrCat("reservation expired: no KV arrived within ",
+                              absl::FormatDuration(options_.lease_timeout)))));
+    }
+    mu_.Lock();
+  }
+}
+
+void DecodeEngine::StartRunning(const std::shared_ptr<Session>& s) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (s->state != Session::State::kReady) return;
+    s->state = Session::State::kRunning;
+  }
+  running_.push_back(s);
+  auto fail = [&](const absl::Status& status) { End(s, ErrorEvent(status)); };
+  absl::StatusOr<std::unique_ptr<engine::SelectionAttention>> attention =
+      engine::SelectionAttention::Create(s->spec.selection, model_->config().num_layers);
+  if (!attention.ok()) return fail(attention.status());
+  s->attention = std::move(attention).value();
+  engine::SamplingParams params = s->spec.sampling;
+  params.seed = s->final.seed;
+  absl::StatusOr<engine::Sampler> sampler =
+      engine::Sampler::Create(params, static_cast<int>(model_->config().vocab_size));
+  if (!sampler.ok()) return fail(sampler.status());
+  s->sampler.emplace(std::move(sampler).value());
+  s->stop = std::make_unique<engine::StopChecker>(params, eos_ids_);
+  s->decoder = std::make_unique<tokenizer::StreamDecoder>(*tokenizer_, s->spec.skip_special_tokens);
+  s->decode_clock.Reset();
+  // The first token was sampled by the prefill worker: it goes through the same stop handling.
+  const int32_t first = s->final.first_token_id;
+  s->generated.push_back(first);
+  absl::StatusOr<engine::StopCheckResult> checked = s->stop->Append(first, s->decoder->Push(first));
+  if (!checked.ok()) return fail(checked.status());
+  if (checked->finish_reason == engine::FinishReason::kLength) checked->text += s->decoder->Flush();
+  DecodeEvent event;
+  event.tokens.push_back({first, s->final.first_token_logprob, s->final.first_top_logprobs});
+  event.text = std::move(checked->text);
+  s->Push(std::move(event));
+  if (s->stop->finished()) Step(s);  // Step reports the finish without a forward pass
+}
+
+void DecodeEngine::Step(const std::shared_ptr<Session>& s) {
+  if (s->done) return;
+  if (!s->stop->finished()) {
+    const int32_t last = s->generated.back();
+    engine::ForwardRequest request;
+    request.tokens = absl::MakeConstSpan(&last, 1);
+    request.table = s->table.get();
+    request.attention = s->attention.get();
+    request.logits = engine::LogitsRows::kLast;
+    absl::Status status = model_->Forward(request, &workspace_, &logits_);
+    if (!status.ok()) return End(s, ErrorEvent(common::Annotate(status, "decode step: ")));
+    absl::StatusOr<engine::SampleResult> sample =
+        s->sampler->Sample(logits_, s->spec.prompt, s->generated);
+    if (!sample.ok()) return End(s, ErrorEvent(sample.status()));
+    s->generated.push_back(sample->token_id);
+    absl::StatusOr<engine::StopCheckResult> checked =
+        s->stop->Append(sample->token_id, s->decoder->Push(sample->token_id));
+    if (!checked.ok()) return End(s, ErrorEvent(checked.status()));
+    if (checked->finish_reason == engine::FinishReason::kLength) {
+      checked->text += s->decoder->Flush();
+    }
+    DecodeEvent event;
+    event.tokens.push_back({sample->token_id, sample->logprob, std::move(sample->top_logprobs)});
+    event.text = std::move(checked->text);
+    s->Push(std::move(event));
+  }
+  if (s->stop->finished()) {
+    DecodeEvent final;
+    final.kind = DecodeEvent::Kind::kFinal;
+    final.finish_reason = s->stop->finish_reason();
+    final.prompt_tokens = static_cast<int64_t>(s->spec.prompt.size());
+    final.completion_tokens = static_cast<int64_t>(s->generated.size());
+    final.kv_wait_seconds = s->kv_wait_seconds;
+    final.decode_seconds = s->decode_clock.ElapsedSeconds();
+    final.cache = s->attention->cache().total_counters();
+    End(s, std::move(final));
+  }
+}
+
+void DecodeEngine::LoopThread() {
+  while (true) {
+    std::vector<std::shared_ptr<Session>> starting;
+    {
+      absl::MutexLock lock(&mu_);
+      const bool idle = running_.empty();
+      auto work = [this, idle]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !ready_.empty() || !idle;
+      };
+      mu_.Await(absl::Condition(&work));
+      if (stopping_) break;
+      starting.assign(ready_.begin(), ready_.end());
+      ready_.clear();
+    }
+    // Admission between steps: newly complete requests join the batch with their first token.
+    for (const auto& s : starting) StartRunning(s);
+    // One step: every running request advances one token.
+    for (const auto& s : running_) {
+      if (std::find(starting.begin(), starting.end(), s) == starting.end()) Step(s);
+    }
+    auto finished = [](const std::shared_ptr<Session>& s) {
+      if (!s->done) return false;
+      absl::MutexLock kv_lock(&s->kv_mu);
+      if (s->table) s->table->Release();
+      return true;
+    };
+    running_.erase(std::remove_if(running_.begin(), running_.end(), finished), running_.end());
+    absl::MutexLock lock(&mu_);
+    num_running_ = static_cast<int64_t>(running_.size());
+  }
+  for (const auto& s : running_) {
+    End(s, ErrorEvent(absl::UnavailableError("decode worker shut down")));
+    absl::MutexLock kv_lock(&s->kv_mu);
+    if (s->table) s->table->Release();
+  }
+  running_.clear();
+}
+
+void DecodeEngine::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    draining_ = true;
+    auto empty = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sessions_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&empty), grace);
+  }
+  std::vector<std::shared_ptr<Session>> rest;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : sessions_) rest.push_back(s);
+  }
+  for (const auto& s : rest) {
+    End(s, ErrorEvent(absl::UnavailableError("decode worker shutting down")));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (loop_.joinable()) loop_.join();
+  if (lease_.joinable()) lease_.join();
+}
+
+DecodeLoad DecodeEngine::Load() const {
+  DecodeLoad load;
+  absl::MutexLock lock(&mu_);
+  load.running = num_running_;
+  load.waiting = static_cast<int64_t>(sessions_.size()) - num_running_;
+  load.free_pages = pool_->num_free_pages();
+  load.total_pages = pool_->num_pages();
+  load.page_size = pool_->page_size();
+  load.draining = draining_;
+  return load;
+}
+
+}  // namespace tokenselect::decode_worker

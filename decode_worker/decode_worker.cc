@@ -1,0 +1,79 @@
+#include "decode_worker/decode_worker.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "common/ids.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "decode_worker/decode_service.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace tokenselect::decode_worker {
+
+absl::StatusOr<std::unique_ptr<DecodeWorker>> StartDecodeWorker(
+    const DecodeWorkerOptions& options) {
+  std::unique_ptr<DecodeWorker> w(new DecodeWorker());
+  w->worker_id_ = common::NewId("decode");
+  const engine::Model* model = options.model;
+  const tokenizer::Tokenizer* tok = options.tokenizer;
+  if (model == nullptr || tok == nullptr) {
+    ASSIGN_OR_RETURN(engine::LoadFormat format, engine::ParseLoadFormat(options.load_format));
+    ASSIGN_OR_RETURN(w->owned_, engine::LoadModelDirectory(options.model_dir, format));
+    model = w->owned_.model.get();
+    tok = w->owned_.tokenizer.get();
+  }
+  ASSIGN_OR_RETURN(w->engine_, DecodeEngine::Create(model, tok, options.engine));
+  DecodeServiceOptions service_options;
+  service_options.default_selection = options.default_selection;
+  service_options.worker_id = w->worker_id_;
+  DecodeWorker* raw = w.get();
+  service_options.address = [raw] { return raw->address(); };
+  w->service_ = NewDecodeService(w->engine_.get(), std::move(service_options));
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(
+      options.listen_address,
+      options.credentials ? options.credentials : grpc::InsecureServerCredentials(), &w->port_);
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  builder.RegisterService(w->service_.get());
+  w->server_ = builder.BuildAndStart();
+  if (w->server_ == nullptr || w->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("decode worker: cannot listen on ", options.listen_address));
+  }
+  const absl::string_view listen = options.listen_address;
+  const size_t colon = listen.rfind(':');
+  std::string host(listen.substr(0, colon));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  w->address_ = absl::StrCat(host, ":", w->port_);
+  TS_LOG(INFO, "decode worker {} listening on {} ({} KV pages of {} tokens)", w->worker_id_,
+         w->address_, options.engine.kv_pages, options.engine.page_size);
+  return w;
+}
+
+void DecodeWorker::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_ != nullptr && server_->GetHealthCheckService() != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+  }
+  if (engine_ != nullptr) engine_->Shutdown(grace);  // every stream ends here
+  if (server_ != nullptr) {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    server_->Wait();
+  }
+}
+
+DecodeWorker::~DecodeWorker() { Shutdown(absl::ZeroDuration()); }
+
+}  // namespace tokenselect::decode_worker

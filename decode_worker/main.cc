@@ -1,0 +1,87 @@
+// decode_worker: serves tokenselect.v1.DecodeWorker (decode_worker.h) until SIGINT/SIGTERM, then
+// drains: new requests are refused, running ones get --drain_timeout_ms to finish.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "decode_worker/decode_worker.h"
+#include "engine/selection/selection_options.h"
+
+ABSL_FLAG(std::string, model, "", "model directory (config.json, *.safetensors, tokenizer.json)");
+ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy");
+ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
+ABSL_FLAG(int32_t, port, 50052, "port to listen on (0 picks one)");
+ABSL_FLAG(int64_t, kv_pages, 4096, "KV-cache pages");
+ABSL_FLAG(int64_t, page_size, 16, "token slots per KV page");
+ABSL_FLAG(int64_t, lease_timeout_ms, 30000,
+          "free a reservation when no KV message arrives for this long");
+ABSL_FLAG(int64_t, max_running, 256, "requests admitted at once (running + waiting for KV)");
+ABSL_FLAG(std::string, selection_policy, "tokenselect",
+          "default selection policy (requests may override): tokenselect, topk, head_vote, dense, "
+          "streaming, tokenselect_span, infllm, quest, cascade");
+ABSL_FLAG(int64_t, selection_k, 2048, "default selection budget k (tokens picked per layer)");
+ABSL_FLAG(int64_t, selection_n_init, 128, "default attention-sink tokens");
+ABSL_FLAG(int64_t, selection_n_local, 512, "default recent-window tokens");
+ABSL_FLAG(double, selection_theta, 0.9, "default selection-cache cosine threshold");
+ABSL_FLAG(int64_t, prefill_chunk_size, 512, "default prefill chunk size in tokens");
+ABSL_FLAG(int64_t, drain_timeout_ms, 10000, "on SIGTERM, time given to running requests");
+
+int main(int argc, char** argv) {
+  auto args = tokenselect::common::ParseFlags(
+      argc, argv, "decode_worker --model DIR [--port N] [--kv_pages N] [--page_size N]");
+  if (!args.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(args.status().message()).c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_model).empty()) {
+    std::fprintf(stderr, "--model is required\n");
+    return 2;
+  }
+  // Signals are taken by sigwait below: block them in every thread the server starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  tokenselect::decode_worker::DecodeWorkerOptions options;
+  options.model_dir = absl::GetFlag(FLAGS_model);
+  options.load_format = absl::GetFlag(FLAGS_load_format);
+  options.listen_address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  options.engine.kv_pages = absl::GetFlag(FLAGS_kv_pages);
+  options.engine.page_size = absl::GetFlag(FLAGS_page_size);
+  options.engine.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
+  options.engine.max_running = absl::GetFlag(FLAGS_max_running);
+  auto policy = tokenselect::engine::ParsePolicy(absl::GetFlag(FLAGS_selection_policy));
+  if (!policy.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(policy.status().message()).c_str());
+    return 2;
+  }
+  options.default_selection.policy = *policy;
+  options.default_selection.k = absl::GetFlag(FLAGS_selection_k);
+  options.default_selection.n_init = absl::GetFlag(FLAGS_selection_n_init);
+  options.default_selection.n_local = absl::GetFlag(FLAGS_selection_n_local);
+  options.default_selection.theta = absl::GetFlag(FLAGS_selection_theta);
+  options.default_selection.chunk_size = absl::GetFlag(FLAGS_prefill_chunk_size);
+  if (auto valid = tokenselect::engine::ValidateSelectionOptions(options.default_selection);
+      !valid.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(valid.message()).c_str());
+    return 2;
+  }
+  auto worker = tokenselect::decode_worker::StartDecodeWorker(options);
+  if (!worker.ok()) {
+    TS_LOG(ERROR, "decode worker failed to start: {}", worker.status().ToString());
+    return 1;
+  }
+  int signal = 0;
+  sigwait(&signals, &signal);
+  TS_LOG(INFO, "decode worker: signal {}, draining", signal);
+  (*worker)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)));
+  return 0;
+}

@@ -1,0 +1,133 @@
+#include "decode_worker/wire_service.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tokenselect::decode_worker::wire {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view prefix) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(prefix, status.error_message()));
+}
+
+engine::SamplingParams ToEngine(const v1::SamplingParams& p) {
+  engine::SamplingParams s;
+  if (p.has_temperature()) s.temperature = p.temperature();
+  if (p.has_top_k()) s.top_k = p.top_k();
+  if (p.has_top_p()) s.top_p = p.top_p();
+  if (p.has_min_p()) s.min_p = p.min_p();
+  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
+  if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
+  if (p.has_presence_penalty()) s.presence_penalty = p.presence_penalty();
+  if (p.has_seed()) s.seed = p.seed();
+  if (p.has_max_new_tokens()) s.max_new_tokens = p.max_new_tokens();
+  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.ignore_eos = p.ignore_eos();
+  s.stop.assign(p.stop().begin(), p.stop().end());
+  s.include_stop_str_in_output = p.include_stop_str_in_output();
+  s.logprobs = p.logprobs();
+  s.top_logprobs = p.top_logprobs();
+  return s;
+}
+
+absl::StatusOr<engine::SelectionOptions> ToEngine(const v1::SelectionParams& p,
+                                                  engine::SelectionOptions s) {
+  switch (p.policy()) {
+    case v1::SELECTION_POLICY_UNSPECIFIED:
+      break;
+    case v1::SELECTION_POLICY_TOKENSELECT:
+      s.policy = engine::SelectionPolicyKind::kTokenSelect;
+      break;
+    case v1::SELECTION_POLICY_TOPK:
+      s.policy = engine::SelectionPolicyKind::kTopK;
+      break;
+    case v1::SELECTION_POLICY_HEAD_VOTE:
+      s.policy = engine::SelectionPolicyKind::kHeadVote;
+      break;
+    case v1::SELECTION_POLICY_DENSE:
+      s.policy = engine::SelectionPolicyKind::kDense;
+      break;
+    case v1::SELECTION_POLICY_STREAMING:
+      s.policy = engine::SelectionPolicyKind::kStreaming;
+      break;
+    case v1::SELECTION_POLICY_TOKENSELECT_SPAN:
+      s.policy = engine::SelectionPolicyKind::kTokenSelectSpan;
+      break;
+    case v1::SELECTION_POLICY_INFLLM:
+      s.policy = engine::SelectionPolicyKind::kInfLlm;
+      break;
+    case v1::SELECTION_POLICY_QUEST:
+      s.policy = engine::SelectionPolicyKind::kQuest;
+      break;
+    case v1::SELECTION_POLICY_CASCADE:
+      s.policy = engine::SelectionPolicyKind::kCascade;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("selection.policy has unknown value ", static_cast<int>(p.policy())));
+  }
+  if (p.has_k()) s.k = p.k();
+  if (p.has_n_init()) s.n_init = p.n_init();
+  if (p.has_n_local()) s.n_local = p.n_local();
+  if (p.has_theta()) s.theta = p.theta();
+  if (p.has_chunk_size()) s.chunk_size = p.chunk_size();
+  return s;
+}
+
+v1::FinishReason ToWire(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case engine::FinishReason::kStopString:
+      return v1::FINISH_REASON_STOP_STRING;
+    case engine::FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kNone:
+      break;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+void ToWire(const engine::KvLayout& l, v1::KvLayout* out) {
+  out->set_num_layers(l.num_layers);
+  out->set_num_kv_heads(l.num_kv_heads);
+  out->set_head_dim(l.head_dim);
+  out->set_dtype(static_cast<v1::KvDType>(l.dtype));
+}
+
+engine::KvBlock ToEngine(v1::KvChunk* c) {
+  engine::KvBlock b;
+  b.sequence = c->sequence();
+  b.layer_begin = c->layer_begin();
+  b.layer_end = c->layer_end();
+  b.token_begin = c->token_begin();
+  b.token_end = c->token_end();
+  b.dtype = static_cast<engine::KvDType>(c->dtype());
+  b.shape.assign(c->shape().begin(), c->shape().end());
+  if (c->has_checksum()) b.checksum = c->checksum();
+  b.data.swap(*c->mutable_data());
+  return b;
+}
+
+engine::KvFinal ToEngine(const v1::KvFinal& f) {
+  engine::KvFinal out;
+  out.first_token_id = f.first_token_id();
+  if (f.has_first_token_logprob()) out.first_token_logprob = f.first_token_logprob();
+  for (const v1::TokenLogprob& t : f.first_top_logprobs()) {
+    out.first_top_logprobs.push_back({t.token_id(), t.logprob()});
+  }
+  out.seed = f.seed();
+  out.num_chunks = f.num_chunks();
+  out.prefill_seconds = f.prefill_seconds();
+  return out;
+}
+
+}  // namespace tokenselect::decode_worker::wire

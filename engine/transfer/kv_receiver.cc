@@ -1,0 +1,156 @@
+#include "engine/transfer/kv_receiver.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+
+namespace tokenselect::engine {
+
+KvReceiver::KvReceiver(std::string request_id, std::string reservation_id, TokenTable* table,
+                       int64_t prompt_tokens)
+    : request_id_(std::move(request_id)),
+      reservation_id_(std::move(reservation_id)),
+      table_(table),
+      prompt_tokens_(prompt_tokens),
+      layout_(LayoutOf(*table->pool())),
+      next_token_(static_cast<size_t>(layout_.num_layers), 0) {}
+
+int64_t KvReceiver::tokens_complete() const {
+  if (next_token_.empty()) return 0;
+  return *std::min_element(next_token_.begin(), next_token_.end());
+}
+
+absl::Status KvReceiver::CheckIds(absl::string_view request_id,
+                                  absl::string_view reservation_id) const {
+  if (request_id != request_id_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request_id '", request_id, "' does not match the reservation's '", request_id_, "'"));
+  }
+  if (reservation_id != reservation_id_) {
+    return absl::InvalidArgumentError(absl::StrCat("reservation_id '", reservation_id,
+                                                   "' does not match '", reservation_id_, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvReceiver::Validate(const KvBlock& b) const {
+  if (b.sequence != next_sequence_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.sequence is ", b.sequence, ", expected ", next_sequence_));
+  }
+  if (b.layer_begin < 0 || b.layer_begin >= b.layer_end || b.layer_end > layout_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk layer range [", b.layer_begin, ", ",
+                                                   b.layer_end, ") is not within [0, ",
+                                                   layout_.num_layers, ")"));
+  }
+  if (b.token_begin < 0 || b.token_begin >= b.token_end || b.token_end > prompt_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk token range [", b.token_begin, ", ",
+                                                   b.token_end, ") is not within the prompt [0, ",
+                                                   prompt_tokens_, ")"));
+  }
+  for (int32_t l = b.layer_begin; l < b.layer_end; ++l) {
+    if (next_token_[static_cast<size_t>(l)] != b.token_begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk token range [", b.token_begin, ", ", b.token_end, ") of layer ", l,
+          " is out of order: expected tokens from ", next_token_[static_cast<size_t>(l)]));
+    }
+  }
+  if (b.dtype != layout_.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk.dtype is ", KvDTypeName(b.dtype),
+                                                   ", the reservation holds ",
+                                                   KvDTypeName(layout_.dtype)));
+  }
+  const std::vector<int64_t> want = {b.layer_end - b.layer_begin, 2, b.token_end - b.token_begin,
+                                     layout_.num_kv_heads, layout_.head_dim};
+  if (b.shape != want) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk.shape is [", absl::StrJoin(b.shape, ", "),
+                                                   "], expected [", absl::StrJoin(want, ", "),
+                                                   "]"));
+  }
+  const int64_t bytes =
+      KvBlockBytes(layout_, {b.layer_begin, b.layer_end, b.token_begin, b.token_end});
+  if (static_cast<int64_t>(b.data.size()) != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.data has ", b.data.size(), " bytes, expected ", bytes));
+  }
+  if (b.checksum.has_value() && *b.checksum != KvChecksum(b.data)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.checksum mismatch in chunk ", b.sequence));
+  }
+  if (b.token_end > table_->capacity()) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk token range ends at ", b.token_end,
+                                                   " beyond the reserved ", table_->capacity(),
+                                                   " slots"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvReceiver::Accept(absl::string_view request_id, absl::string_view reservation_id,
+                                const KvBlock& block) {
+  if (finished_) return absl::FailedPreconditionError("KV stream already finished");
+  if (failed_) return absl::FailedPreconditionError("KV stream already failed");
+  absl::Status status = CheckIds(request_id, reservation_id);
+  if (status.ok()) status = Validate(block);
+  if (!status.ok()) {
+    failed_ = true;
+    return status;
+  }
+  PagePool* pool = table_->pool();
+  const int64_t stride = pool->slot_stride();
+  const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float);
+  const int64_t n = block.token_end - block.token_begin;
+  std::vector<int32_t> slots = table_->Slots(block.token_begin, block.token_end);
+  const char* in = block.data.data();
+  for (int32_t l = block.layer_begin; l < block.layer_end; ++l) {
+    for (float* dst : {pool->k(l), pool->v(l)}) {
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(dst + static_cast<int64_t>(slots[static_cast<size_t>(i)]) * stride, in,
+                    row_bytes);
+        in += row_bytes;
+      }
+    }
+    next_token_[static_cast<size_t>(l)] = block.token_end;
+  }
+  ++next_sequence_;
+  bytes_received_ += static_cast<int64_t>(block.data.size());
+  return absl::OkStatus();
+}
+
+absl::Status KvReceiver::Finish(absl::string_view request_id, absl::string_view reservation_id,
+                                const KvFinal& final) {
+  if (finished_) return absl::FailedPreconditionError("KV stream already finished");
+  if (failed_) return absl::FailedPreconditionError("KV stream already failed");
+  absl::Status status = CheckIds(request_id, reservation_id);
+  if (status.ok() && final.num_chunks != next_sequence_) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("final.num_chunks is ", final.num_chunks, ", received ", next_sequence_));
+  }
+  if (status.ok()) {
+    for (size_t l = 0; l < next_token_.size(); ++l) {
+      if (next_token_[l] != prompt_tokens_) {
+        status = absl::InvalidArgumentError(absl::StrCat("KV incomplete: layer ", l, " has ",
+                                                         next_token_[l], " of ", prompt_tokens_,
+                                                         " prompt tokens"));
+        break;
+      }
+    }
+  }
+  if (status.ok() && final.first_token_id < 0) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("final.first_token_id must be >= 0, got ", final.first_token_id));
+  }
+  if (!status.ok()) {
+    failed_ = true;
+    return status;
+  }
+  ASSIGN_OR_RETURN(int64_t first, table_->Append(prompt_tokens_));
+  (void)first;
+  finished_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace tokenselect::engine

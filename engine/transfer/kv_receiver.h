@@ -1,0 +1,68 @@
+// The receiving end of one request's K/V stream on the decode worker: validates every block
+// against the reservation (ids, layer and token ranges, dtype, shape, payload size, checksum,
+// ordering) and writes it into the request's reserved slots; Finish checks that every
+// (layer, token) of the prompt arrived exactly once (docs/kv_transfer.md).
+//
+// Ordering rule: for every layer, blocks cover its tokens in increasing, contiguous order (the
+// sender's PlanKvBlocks order); sequence numbers are consecutive from 0. Anything else is
+// InvalidArgument, and the receiver stays failed: the request must be aborted.
+//
+// Not thread-safe: one stream writes into one receiver.
+#ifndef TOKENSELECT_ENGINE_TRANSFER_KV_RECEIVER_H_
+#define TOKENSELECT_ENGINE_TRANSFER_KV_RECEIVER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "engine/kvcache/token_table.h"
+#include "engine/transfer/kv_format.h"
+
+namespace tokenselect::engine {
+
+class KvReceiver {
+ public:
+  // `table` (the reservation's pages, capacity >= prompt_tokens, length 0) must outlive the
+  // receiver; its pool gives the expected layout.
+  KvReceiver(std::string request_id, std::string reservation_id, TokenTable* table,
+             int64_t prompt_tokens);
+
+  // Validates `block` (quoted with the ids of its message) and copies it into the table's slots.
+  // InvalidArgument naming the bad field (request_id, reservation_id, sequence, layer range,
+  // token range, dtype, shape, data size, checksum); FailedPrecondition after Finish or a
+  // previous error. On error nothing of this block is written.
+  absl::Status Accept(absl::string_view request_id, absl::string_view reservation_id,
+                      const KvBlock& block);
+
+  // Checks the final record: ids, num_chunks equal to the blocks accepted, every layer complete.
+  // On success the table's length becomes prompt_tokens. InvalidArgument otherwise.
+  absl::Status Finish(absl::string_view request_id, absl::string_view reservation_id,
+                      const KvFinal& final);
+
+  bool finished() const { return finished_; }
+  int64_t blocks_received() const { return next_sequence_; }
+  int64_t bytes_received() const { return bytes_received_; }
+  // Prompt tokens present in every layer.
+  int64_t tokens_complete() const;
+
+ private:
+  absl::Status CheckIds(absl::string_view request_id, absl::string_view reservation_id) const;
+  absl::Status Validate(const KvBlock& block) const;
+
+  std::string request_id_;
+  std::string reservation_id_;
+  TokenTable* table_;
+  int64_t prompt_tokens_;
+  KvLayout layout_;
+  std::vector<int64_t> next_token_;  // per layer: tokens [0, next) received
+  int64_t next_sequence_ = 0;
+  int64_t bytes_received_ = 0;
+  bool finished_ = false;
+  bool failed_ = false;
+};
+
+}  // namespace tokenselect::engine
+
+#endif  // TOKENSELECT_ENGINE_TRANSFER_KV_RECEIVER_H_

@@ -1,0 +1,280 @@
+#include "prefill_worker/prefill_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "engine/kvcache/token_table.h"
+#include "engine/sampling/sampler.h"
+#include "engine/selection/selection_attention.h"
+
+namespace tokenselect::prefill_worker {
+
+struct PrefillJob {
+  PrefillSpec spec;
+  common::Stopwatch since_submit;
+  std::atomic<bool> cancelled{false};
+
+  absl::Mutex mu;
+  absl::Status cancel_status ABSL_GUARDED_BY(mu);
+  engine::PipelinedKvSender* sender ABSL_GUARDED_BY(mu) = nullptr;
+  std::optional<absl::StatusOr<PrefillResult>> result ABSL_GUARDED_BY(mu);
+
+  // Marks the job aborted and breaks its transfer; the job's thread notices between chunks.
+  void Abort(const absl::Status& why) {
+    absl::MutexLock lock(&mu);
+    if (cancelled || result.has_value()) return;
+    cancelled = true;
+    cancel_status = why;
+    if (sender != nullptr) sender->Abort();
+  }
+  absl::Status CancelStatus() {
+    absl::MutexLock lock(&mu);
+    return cancel_status;
+  }
+};
+
+std::optional<absl::StatusOr<PrefillResult>> PrefillHandle::Wait(absl::Duration timeout) {
+  absl::MutexLock lock(&job_->mu);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_->mu) { return job_->result.has_value(); };
+  if (!job_->mu.AwaitWithTimeout(absl::Condition(&done), timeout)) return std::nullopt;
+  return job_->result;
+}
+
+absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(
+    const engine::Model* model, engine::KvTransport* transport, const PrefillEngineOptions& opts) {
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::PagePool> pool,
+                   engine::PagePool::Create(model->KvCacheOptions(opts.kv_pages, opts.page_size)));
+  return std::unique_ptr<PrefillEngine>(new PrefillEngine(model, transport, std::move(pool), opts));
+}
+
+PrefillEngine::PrefillEngine(const engine::Model* model, engine::KvTransport* transport,
+                             std::unique_ptr<engine::PagePool> pool,
+                             const PrefillEngineOptions& opts)
+    : model_(model),
+      transport_(transport),
+      pool_(std::move(pool)),
+      options_(opts),
+      clock_(opts.clock != nullptr ? opts.clock : common::Clock::Real()) {
+  for (int i = 0; i < std::max(1, opts.num_threads); ++i) {
+    threads_.emplace_back([this] { WorkerThread(); });
+  }
+}
+
+PrefillEngine::~PrefillEngine() { Shutdown(absl::ZeroDuration()); }
+
+absl::StatusOr<PrefillHandle> PrefillEngine::Submit(PrefillSpec spec) {
+  const int64_t vocab = model_->config().vocab_size;
+  if (spec.request_id.empty()) {
+    return absl::InvalidArgumentError("request.request_id must not be empty");
+  }
+  if (spec.prompt.empty()) {
+    return absl::InvalidArgumentError("request.prompt_token_ids must not be empty");
+  }
+  for (size_t i = 0; i < spec.prompt.size(); ++i) {
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request.prompt_token_ids[", i, "] = ", spec.prompt[i], " is outside [0, ", vocab, ")"));
+    }
+  }
+  RETURN_IF_ERROR(engine::Validate(spec.sampling, static_cast<int>(vocab)));
+  RETURN_IF_ERROR(engine::ValidateSelectionOptions(spec.selection));
+  if (spec.decode_address.empty()) {
+    return absl::InvalidArgumentError("decode_worker_address must not be empty");
+  }
+  if (spec.reservation_id.empty()) {
+    return absl::InvalidArgumentError("reservation.reservation_id must not be empty");
+  }
+  if (spec.reserved_prompt_tokens != static_cast<int64_t>(spec.prompt.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reservation.prompt_tokens is ", spec.reserved_prompt_tokens,
+                     " but the prompt has ", spec.prompt.size(), " tokens"));
+  }
+  RETURN_IF_ERROR(engine::CheckLayoutsMatch(engine::LayoutOf(*pool_), spec.receiver_layout));
+  if (static_cast<int64_t>(spec.prompt.size()) > pool_->num_slots()) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt too long: ", spec.prompt.size(),
+                                                   " tokens exceed this prefill worker's ",
+                                                   pool_->num_slots(), " KV slots"));
+  }
+  auto job = std::make_shared<PrefillJob>();
+  job->spec = std::move(spec);
+  absl::MutexLock lock(&mu_);
+  if (draining_) return absl::UnavailableError("prefill worker is shutting down");
+  if (jobs_.contains(job->spec.request_id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id '", job->spec.request_id, "' is already being prefilled here"));
+  }
+  if (static_cast<int64_t>(jobs_.size()) >= options_.max_queued) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("prefill queue is full (", options_.max_queued, " requests)"));
+  }
+  jobs_[job->spec.request_id] = job;
+  queue_.push_back(job);
+  queued_tokens_ += static_cast<int64_t>(job->spec.prompt.size());
+  return PrefillHandle(job);
+}
+
+bool PrefillEngine::Cancel(const std::string& request_id, const std::string& reason) {
+  std::shared_ptr<PrefillJob> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request_id);
+    if (it == jobs_.end()) return false;
+    job = it->second;
+  }
+  job->Abort(absl::CancelledError(absl::StrCat("prefill cancelled: ", reason)));
+  return true;
+}
+
+void PrefillEngine::Complete(const std::shared_ptr<PrefillJob>& job,
+                             absl::StatusOr<PrefillResult> result) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job->spec.request_id);
+    if (it != jobs_.end() && it->second == job) jobs_.erase(it);
+    queued_tokens_ -= static_cast<int64_t>(job->spec.prompt.size());
+  }
+  absl::MutexLock lock(&job->mu);
+  job->result = std::move(result);
+}
+
+void PrefillEngine::WorkerThread() {
+  engine::ForwardWorkspace workspace;
+  while (true) {
+    std::shared_ptr<PrefillJob> job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping
+      job = queue_.front();
+      queue_.pop_front();
+      ++running_;
+    }
+    absl::StatusOr<PrefillResult> result = Run(job.get(), &workspace);
+    if (!result.ok() && job->cancelled) result = job->CancelStatus();
+    if (!result.ok()) {
+      TS_LOG(INFO, "prefill {} failed: {}", job->spec.request_id, result.status().ToString());
+    }
+    Complete(job, std::move(result));
+    absl::MutexLock lock(&mu_);
+    --running_;
+  }
+}
+
+absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::ForwardWorkspace* ws) {
+  const PrefillSpec& spec = job->spec;
+  PrefillResult result;
+  result.queue_seconds = job->since_submit.ElapsedSeconds();
+  result.prompt_tokens = static_cast<int64_t>(spec.prompt.size());
+  auto check_alive = [&]() -> absl::Status {
+    if (job->cancelled) return job->CancelStatus();
+    if (spec.deadline.has_value() && clock_->Now() >= *spec.deadline) {
+      return absl::DeadlineExceededError("prefill deadline exceeded");
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check_alive());
+  const common::Stopwatch compute;
+
+  // Pages first, then the stream: a worker without room fails before touching the receiver.
+  engine::TokenTable table(pool_.get(), spec.request_id);
+  RETURN_IF_ERROR(table.Reserve(result.prompt_tokens));
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::SelectionAttention> attention,
+                   engine::SelectionAttention::Create(spec.selection, model_->config().num_layers));
+  ASSIGN_OR_RETURN(
+      engine::Sampler sampler,
+      engine::Sampler::Create(spec.sampling, static_cast<int>(model_->config().vocab_size)));
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::KvStream> stream,
+                   transport_->Open({spec.request_id, spec.reservation_id, spec.decode_address}));
+  engine::PipelinedKvSender sender(std::move(stream), pool_.get(), options_.kv);
+  {
+    absl::MutexLock lock(&job->mu);
+    if (job->cancelled) return job->cancel_status;
+    job->sender = &sender;
+  }
+  struct Detach {
+    PrefillJob* job;
+    ~Detach() {
+      absl::MutexLock lock(&job->mu);
+      job->sender = nullptr;
+    }
+  } detach{job};
+
+  std::vector<float> logits;
+  engine::ForwardRequest request;
+  request.table = &table;
+  request.attention = attention.get();
+  const int64_t n = result.prompt_tokens;
+  const common::Stopwatch transfer;
+  for (int64_t begin = 0; begin < n; begin += spec.selection.chunk_size) {
+    RETURN_IF_ERROR(check_alive());
+    const int64_t end = std::min(n, begin + spec.selection.chunk_size);
+    request.tokens = absl::MakeConstSpan(spec.prompt).subspan(begin, end - begin);
+    request.logits = end == n ? engine::LogitsRows::kLast : engine::LogitsRows::kNone;
+    RETURN_IF_ERROR(model_->Forward(request, ws, &logits));
+    // This chunk's K/V (all layers) goes out while the next chunk is computed.
+    RETURN_IF_ERROR(sender.SendChunk(table, begin, end));
+  }
+  ASSIGN_OR_RETURN(engine::SampleResult first, sampler.Sample(logits, spec.prompt, {}));
+  result.prefill_seconds = compute.ElapsedSeconds();
+  result.first_token_id = first.token_id;
+  result.first_token_logprob = first.logprob;
+  result.seed = sampler.seed();
+
+  engine::KvFinal final;
+  final.first_token_id = first.token_id;
+  final.first_token_logprob = first.logprob;
+  final.first_top_logprobs = std::move(first.top_logprobs);
+  final.seed = sampler.seed();
+  final.prefill_seconds = result.prefill_seconds;
+  RETURN_IF_ERROR(check_alive());
+  ASSIGN_OR_RETURN(engine::KvPushStats pushed, sender.Finish(std::move(final)));
+  (void)pushed;
+  result.transfer_seconds = transfer.ElapsedSeconds();
+  result.kv_bytes = sender.bytes_sent();
+  result.kv_chunks = sender.blocks_sent();
+  return result;
+}
+
+void PrefillEngine::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    draining_ = true;
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return jobs_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&idle), grace);
+  }
+  std::vector<std::shared_ptr<PrefillJob>> rest;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) rest.push_back(job);
+  }
+  for (const auto& job : rest) job->Abort(absl::UnavailableError("prefill worker shutting down"));
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+PrefillLoad PrefillEngine::Load() const {
+  PrefillLoad load;
+  absl::MutexLock lock(&mu_);
+  load.queued_prefill_tokens = queued_tokens_;
+  load.running = running_;
+  load.waiting = static_cast<int64_t>(queue_.size());
+  load.free_pages = pool_->num_free_pages();
+  load.total_pages = pool_->num_pages();
+  load.page_size = pool_->page_size();
+  load.draining = draining_;
+  return load;
+}
+
+}  // namespace tokenselect::prefill_worker

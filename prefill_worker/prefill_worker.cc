@@ -1,0 +1,78 @@
+#include "prefill_worker/prefill_worker.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "common/ids.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "prefill_worker/kv_push_service.h"
+#include "prefill_worker/prefill_service.h"
+
+namespace tokenselect::prefill_worker {
+
+absl::StatusOr<std::unique_ptr<PrefillWorker>> StartPrefillWorker(
+    const PrefillWorkerOptions& options) {
+  std::unique_ptr<PrefillWorker> w(new PrefillWorker());
+  w->worker_id_ = common::NewId("prefill");
+  const engine::Model* model = options.model;
+  if (model == nullptr) {
+    ASSIGN_OR_RETURN(engine::LoadFormat format, engine::ParseLoadFormat(options.load_format));
+    ASSIGN_OR_RETURN(w->owned_, engine::LoadModelDirectory(options.model_dir, format));
+    model = w->owned_.model.get();
+  }
+  engine::KvTransport* transport = options.transport;
+  if (transport == nullptr) {
+    w->owned_transport_ = NewGrpcKvTransport(options.kv_channel_credentials);
+    transport = w->owned_transport_.get();
+  }
+  ASSIGN_OR_RETURN(w->engine_, PrefillEngine::Create(model, transport, options.engine));
+  w->service_ = NewPrefillService(w->engine_.get(),
+                                  PrefillServiceOptions{options.default_selection, w->worker_id_});
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(
+      options.listen_address,
+      options.credentials ? options.credentials : grpc::InsecureServerCredentials(), &w->port_);
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  builder.RegisterService(w->service_.get());
+  w->server_ = builder.BuildAndStart();
+  if (w->server_ == nullptr || w->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("prefill worker: cannot listen on ", options.listen_address));
+  }
+  const absl::string_view listen = options.listen_address;
+  std::string host(listen.substr(0, listen.rfind(':')));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  w->address_ = absl::StrCat(host, ":", w->port_);
+  TS_LOG(INFO, "prefill worker {} listening on {} ({} KV pages of {} tokens)", w->worker_id_,
+         w->address_, options.engine.kv_pages, options.engine.page_size);
+  return w;
+}
+
+void PrefillWorker::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_ != nullptr && server_->GetHealthCheckService() != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+  }
+  if (engine_ != nullptr) engine_->Shutdown(grace);
+  if (server_ != nullptr) {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    server_->Wait();
+  }
+}
+
+PrefillWorker::~PrefillWorker() { Shutdown(absl::ZeroDuration()); }
+
+}  // namespace tokenselect::prefill_worker

@@ -1,0 +1,86 @@
+// The prefill worker as a library: StartPrefillWorker loads (or borrows) the model, creates the
+// PrefillEngine with a KV transport (the host gRPC transport unless one is given) and serves
+// tokenselect.v1.PrefillWorker, grpc.health.v1.Health and server reflection on one port. The
+// binary (main.cc) is a thin shell over it; the all-in-one server and the tests start it
+// in-process.
+#ifndef TOKENSELECT_PREFILL_WORKER_PREFILL_WORKER_H_
+#define TOKENSELECT_PREFILL_WORKER_PREFILL_WORKER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/generation/model_loader.h"
+#include "engine/selection/selection_options.h"
+#include "engine/transfer/kv_transport.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "prefill_worker/prefill_engine.h"
+
+namespace tokenselect::prefill_worker {
+
+struct PrefillWorkerOptions {
+  // The model: either a directory to load ...
+  std::string model_dir;
+  std::string load_format = "auto";  // auto | safetensors | dummy
+  // ... or a model owned by the caller, which must outlive the worker. Used when set.
+  const engine::Model* model = nullptr;
+
+  // host:port to listen on; port 0 picks a free port (see PrefillWorker::port()).
+  std::string listen_address = "127.0.0.1:0";
+  std::shared_ptr<grpc::ServerCredentials> credentials;  // insecure when null
+  // Largest accepted message (a 1M-token prompt is ~3 MiB of varints).
+  int max_receive_message_bytes = 64 << 20;
+
+  // K/V transport to the decode workers; the host gRPC transport (with kv_channel_credentials,
+  // insecure when null) when null. Must outlive the worker.
+  engine::KvTransport* transport = nullptr;
+  std::shared_ptr<grpc::ChannelCredentials> kv_channel_credentials;
+
+  PrefillEngineOptions engine;                 // kv_pages, page_size, queue, KV block options
+  engine::SelectionOptions default_selection;  // per-request overrides start from these
+};
+
+class PrefillWorker {
+ public:
+  ~PrefillWorker();  // Shutdown(0)
+  PrefillWorker(const PrefillWorker&) = delete;
+  PrefillWorker& operator=(const PrefillWorker&) = delete;
+
+  int port() const { return port_; }
+  const std::string& address() const { return address_; }
+  const std::string& worker_id() const { return worker_id_; }
+  PrefillEngine& engine() { return *engine_; }
+
+  // Graceful stop: refuse new requests (UNAVAILABLE), let queued and running prefills finish for
+  // up to `grace`, abort the rest, then stop the server. Idempotent.
+  void Shutdown(absl::Duration grace);
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<PrefillWorker>> StartPrefillWorker(
+      const PrefillWorkerOptions& options);
+  PrefillWorker() = default;
+
+  engine::LoadedModel owned_;
+  std::unique_ptr<engine::KvTransport> owned_transport_;
+  std::unique_ptr<PrefillEngine> engine_;
+  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+  std::string worker_id_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+// Loads the model (unless given), starts the engine and the server. Errors from loading;
+// Unavailable when the address cannot be bound.
+absl::StatusOr<std::unique_ptr<PrefillWorker>> StartPrefillWorker(
+    const PrefillWorkerOptions& options);
+
+}  // namespace tokenselect::prefill_worker
+
+#endif  // TOKENSELECT_PREFILL_WORKER_PREFILL_WORKER_H_

@@ -1,0 +1,267 @@
+// Failure paths of the workers (cancellation, lease expiry, capacity, bad input, broken KV
+// streams, deadlines): every one ends with the documented status and gives the KV pages back.
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/integration/workers/workers_fixture.h"
+
+namespace tokenselect::testing {
+namespace {
+
+TEST_F(WorkersTest, PrefillPastItsDeadlineFreesItsPages) {
+  pb::WorkerRequest request = Request("deadline-1", 600, 4);
+  request.mutable_selection()->set_chunk_size(8);  // 75 chunks: plenty of abort points
+  auto stub = DecodeStub(decode_->address());
+  grpc::ClientContext dctx;
+  pb::DecodeRequest dreq;
+  *dreq.mutable_request() = request;
+  auto reader = stub->Decode(&dctx, dreq);
+  pb::DecodeResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  grpc::ClientContext pctx;
+  pctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(5));
+  pb::PrefillRequest preq;
+  *preq.mutable_request() = request;
+  preq.set_decode_worker_address(decode_->address());
+  *preq.mutable_reservation() = msg.reservation();
+  pb::PrefillResponse presp;
+  EXPECT_EQ(prefill_stub_->Prefill(&pctx, preq, &presp).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  const engine::PagePool& pool = prefill_->engine().pool();
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (pool.num_free_pages() != pool.num_pages() && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(pool.num_free_pages(), pool.num_pages());
+  // The decode side keeps the (rewound) reservation for a retry until the router gives up.
+  EXPECT_EQ(decode_->engine().Load().waiting, 1);
+  dctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  reader->Finish();
+  EXPECT_TRUE(WaitForFreePages(decode_.get(), 64));
+}
+
+TEST_F(WorkersTest, CancelMidStreamFreesPages) {
+  const int64_t baseline = decode_->engine().pool().num_free_pages();
+  pb::WorkerRequest request = Request("cancel-1", 32, 500);
+  auto stub = DecodeStub(decode_->address());
+  grpc::ClientContext dctx;
+  pb::DecodeRequest dreq;
+  *dreq.mutable_request() = request;
+  auto reader = stub->Decode(&dctx, dreq);
+  pb::DecodeResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_TRUE(msg.has_reservation());
+  EXPECT_EQ(decode_->engine().pool().num_free_pages(), baseline - (32 + 500 + 15) / 16);
+  grpc::ClientContext pctx;
+  pb::PrefillRequest preq;
+  *preq.mutable_request() = request;
+  preq.set_decode_worker_address(decode_->address());
+  *preq.mutable_reservation() = msg.reservation();
+  pb::PrefillResponse presp;
+  ASSERT_TRUE(prefill_stub_->Prefill(&pctx, preq, &presp).ok());
+  int tokens = 0;
+  while (tokens < 3 && reader->Read(&msg)) tokens += msg.tokens().token_ids_size();
+  ASSERT_GE(tokens, 3);
+  dctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitForFreePages(decode_.get(), baseline));
+  EXPECT_EQ(prefill_->engine().pool().num_free_pages(), prefill_->engine().pool().num_pages());
+}
+
+TEST_F(WorkersTest, CancelRpcEndsTheStream) {
+  const int64_t baseline = decode_->engine().pool().num_free_pages();
+  auto stub = DecodeStub(decode_->address());
+  grpc::ClientContext dctx;
+  pb::DecodeRequest dreq;
+  *dreq.mutable_request() = Request("cancel-2", 8, 8);
+  auto reader = stub->Decode(&dctx, dreq);
+  pb::DecodeResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  grpc::ClientContext cctx;
+  pb::CancelRequest creq;
+  creq.set_request_id("cancel-2");
+  pb::CancelResponse cresp;
+  ASSERT_TRUE(stub->Cancel(&cctx, creq, &cresp).ok());
+  EXPECT_TRUE(cresp.found());
+  EXPECT_FALSE(reader->Read(&msg));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(decode_->engine().pool().num_free_pages(), baseline);
+}
+
+TEST_F(WorkersTest, ReservationWithoutKvExpiresAfterTheLease) {
+  common::FakeClock clock(absl::FromUnixSeconds(1000));
+  auto decode = StartDecode(16, absl::Seconds(5), &clock);
+  ASSERT_NE(decode, nullptr);
+  const int64_t baseline = decode->engine().pool().num_free_pages();
+  auto stub = DecodeStub(decode->address());
+  grpc::ClientContext dctx;
+  pb::DecodeRequest dreq;
+  *dreq.mutable_request() = Request("lease-1", 20, 10);
+  auto reader = stub->Decode(&dctx, dreq);
+  pb::DecodeResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  const pb::Reservation reservation = msg.reservation();
+  EXPECT_EQ(reservation.lease_expires_unix_ms(), 1005000);
+  EXPECT_EQ(decode->engine().pool().num_free_pages(), baseline - 2);
+  absl::SleepFor(absl::Milliseconds(50));  // real time alone frees nothing
+  EXPECT_EQ(decode->engine().pool().num_free_pages(), baseline - 2);
+  clock.Advance(absl::Seconds(6));
+  EXPECT_FALSE(reader->Read(&msg));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(decode->engine().pool().num_free_pages(), baseline);
+  // KV arriving late finds no reservation.
+  grpc::ClientContext pctx;
+  pb::PrefillRequest preq;
+  *preq.mutable_request() = dreq.request();
+  preq.set_decode_worker_address(decode->address());
+  *preq.mutable_reservation() = reservation;
+  pb::PrefillResponse presp;
+  EXPECT_EQ(prefill_stub_->Prefill(&pctx, preq, &presp).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(prefill_->engine().pool().num_free_pages(), prefill_->engine().pool().num_pages());
+  decode->Shutdown(absl::ZeroDuration());
+}
+
+TEST_F(WorkersTest, OverCapacityIsResourceExhausted) {
+  auto decode = StartDecode(8, absl::Seconds(30), nullptr);  // 128 token slots
+  ASSERT_NE(decode, nullptr);
+  auto stub = DecodeStub(decode->address());
+  grpc::ClientContext first_ctx;
+  pb::DecodeRequest first;
+  *first.mutable_request() = Request("cap-1", 50, 40);  // 6 pages
+  auto reader = stub->Decode(&first_ctx, first);
+  pb::DecodeResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_TRUE(msg.has_reservation());
+
+  Outcome second = Run(Request("cap-2", 30, 20), decode.get());  // 4 pages: 2 are free
+  EXPECT_EQ(second.decode_status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << second.decode_status.error_message();
+  Outcome too_long = Run(Request("cap-3", 100, 100), decode.get());
+  EXPECT_EQ(too_long.decode_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(too_long.decode_status.error_message().find("prompt too long"), std::string::npos);
+  first_ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  reader->Finish();
+  EXPECT_TRUE(WaitForFreePages(decode.get(), 8));
+  decode->Shutdown(absl::ZeroDuration());
+}
+
+TEST_F(WorkersTest, BadInputIsInvalidArgumentNamingTheField) {
+  struct Case {
+    std::string field;
+    pb::WorkerRequest request;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"prompt_token_ids", Request("bad-1", 0, 4)});
+  cases.push_back({"prompt_token_ids[1]", Request("bad-2", 4, 4)});
+  cases.back().request.set_prompt_token_ids(1, 99999);
+  cases.push_back({"sampling.top_p", Request("bad-3", 4, 4)});
+  cases.back().request.mutable_sampling()->set_top_p(1.5f);
+  cases.push_back({"sampling.max_new_tokens", Request("bad-4", 4, 0)});
+  cases.push_back({"selection.k", Request("bad-5", 4, 4)});
+  cases.back().request.mutable_selection()->set_k(-3);
+  cases.push_back({"request_id", Request("", 4, 4)});
+  for (const Case& c : cases) {
+    Outcome out = Run(c.request);
+    EXPECT_EQ(out.decode_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+    EXPECT_NE(out.decode_status.error_message().find(c.field), std::string::npos)
+        << c.field << ": " << out.decode_status.error_message();
+  }
+  // The prefill worker checks its own inputs too.
+  grpc::ClientContext pctx;
+  pb::PrefillRequest preq;
+  *preq.mutable_request() = Request("bad-6", 4, 4);
+  pb::PrefillResponse presp;
+  grpc::Status status = prefill_stub_->Prefill(&pctx, preq, &presp);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("decode_worker_address"), std::string::npos)
+      << status.error_message();
+  EXPECT_EQ(decode_->engine().pool().num_free_pages(), 64);
+}
+
+TEST_F(WorkersTest, PrefillChecksTheReservationAndTheDecodeWorker) {
+  pb::PrefillRequest preq;
+  *preq.mutable_request() = Request("peer-1", 8, 4);
+  pb::Reservation* r = preq.mutable_reservation();
+  r->set_reservation_id("rsv-x");
+  r->set_request_id("peer-1");
+  r->set_prompt_tokens(8);
+  r->mutable_layout()->set_num_layers(4);
+  r->mutable_layout()->set_num_kv_heads(2);
+  r->mutable_layout()->set_head_dim(64);  // the model has 32
+  r->mutable_layout()->set_dtype(pb::KV_DTYPE_F32);
+  preq.set_decode_worker_address("127.0.0.1:1");
+  pb::PrefillResponse presp;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status status = prefill_stub_->Prefill(&ctx, preq, &presp);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(status.error_message().find("head_dim"), std::string::npos) << status.error_message();
+  }
+  r->mutable_layout()->set_head_dim(32);
+  {
+    grpc::ClientContext ctx;  // nobody listens on port 1
+    EXPECT_EQ(prefill_stub_->Prefill(&ctx, preq, &presp).error_code(),
+              grpc::StatusCode::UNAVAILABLE);
+  }
+  EXPECT_EQ(prefill_->engine().pool().num_free_pages(), prefill_->engine().pool().num_pages());
+}
+
+TEST_F(WorkersTest, BadKvIsRejectedAndThePrefillCanBeRetried) {
+  pb::WorkerRequest request = Request("retry-1", 20, 6);
+  auto stub = DecodeStub(decode_->address());
+  grpc::ClientContext dctx;
+  pb::DecodeRequest dreq;
+  *dreq.mutable_request() = request;
+  auto reader = stub->Decode(&dctx, dreq);
+  pb::DecodeResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  const pb::Reservation reservation = msg.reservation();
+
+  // A broken sender: a block whose shape does not match the reservation's layout.
+  {
+    grpc::ClientContext kctx;
+    pb::PushKvResponse kresp;
+    auto writer = stub->PushKv(&kctx, &kresp);
+    pb::PushKvMessage bad;
+    bad.set_request_id("retry-1");
+    bad.set_reservation_id(reservation.reservation_id());
+    pb::KvChunk* chunk = bad.mutable_chunk();
+    chunk->set_layer_begin(0);
+    chunk->set_layer_end(1);
+    chunk->set_token_begin(0);
+    chunk->set_token_end(1);
+    chunk->set_dtype(pb::KV_DTYPE_F32);
+    for (int64_t d : {1, 2, 1, 2, 16}) chunk->add_shape(d);
+    chunk->set_data(std::string(2 * 2 * 16 * 4, '\0'));
+    writer->Write(bad);
+    writer->WritesDone();
+    grpc::Status status = writer->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(status.error_message().find("shape"), std::string::npos) << status.error_message();
+  }
+  // The reservation was rewound, not lost: a retried prefill completes the request.
+  grpc::ClientContext pctx;
+  pb::PrefillRequest preq;
+  *preq.mutable_request() = request;
+  preq.set_decode_worker_address(decode_->address());
+  *preq.mutable_reservation() = reservation;
+  pb::PrefillResponse presp;
+  grpc::Status prefill = prefill_stub_->Prefill(&pctx, preq, &presp);
+  ASSERT_TRUE(prefill.ok()) << prefill.error_message();
+  std::vector<int32_t> ids;
+  while (reader->Read(&msg)) {
+    for (int32_t id : msg.tokens().token_ids()) ids.push_back(id);
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(ids, Reference(request, engine::SelectionOptions{}).token_ids);
+}
+
+}  // namespace
+}  // namespace tokenselect::testing

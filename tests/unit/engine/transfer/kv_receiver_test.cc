@@ -1,0 +1,174 @@
+#include "engine/transfer/kv_receiver.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/unit/engine/transfer/kv_test_util.h"
+
+namespace tokenselect::engine {
+namespace {
+
+using testing::ExpectPattern;
+using testing::FillTable;
+using testing::MakePool;
+
+constexpr int64_t kPrompt = 10;
+
+// A sender pool (page size 4) and a receiver pool with another page size, so that the transfer
+// maps tokens, not pages.
+class KvReceiverTest : public ::testing::Test {
+ protected:
+  KvReceiverTest()
+      : src_pool_(MakePool(3, 2, 4, 8, 4)),
+        dst_pool_(MakePool(3, 2, 4, 8, 8)),
+        src_(src_pool_.get(), "src"),
+        dst_(dst_pool_.get(), "dst"),
+        receiver_("req", "rsv", &dst_, kPrompt) {
+    FillTable(&src_, kPrompt);
+    EXPECT_TRUE(dst_.Reserve(kPrompt + 5).ok());
+  }
+
+  std::vector<KvBlock> Blocks(int64_t max_bytes) {
+    std::vector<KvBlock> blocks;
+    for (const KvBlockRange& r : PlanKvBlocks(LayoutOf(*src_pool_), 0, kPrompt, max_bytes)) {
+      auto b = EncodeKvBlock(*src_pool_, r, src_.Slots(r.token_begin, r.token_end),
+                             static_cast<int64_t>(blocks.size()), true);
+      EXPECT_TRUE(b.ok()) << b.status();
+      blocks.push_back(std::move(b).value());
+    }
+    return blocks;
+  }
+
+  KvFinal Final(int64_t num_chunks) {
+    KvFinal f;
+    f.first_token_id = 42;
+    f.seed = 7;
+    f.num_chunks = num_chunks;
+    return f;
+  }
+
+  // Expects `status` to be InvalidArgument mentioning `field`, and the receiver to stay failed.
+  void ExpectRejected(const absl::Status& status, const std::string& field) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find(field), std::string::npos) << status;
+    EXPECT_EQ(receiver_.Accept("req", "rsv", Blocks(1 << 20)[0]).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+
+  std::unique_ptr<PagePool> src_pool_, dst_pool_;
+  TokenTable src_, dst_;
+  KvReceiver receiver_;
+};
+
+TEST_F(KvReceiverTest, RoundTripInManyBlocks) {
+  std::vector<KvBlock> blocks = Blocks(200);  // token slices of one layer
+  ASSERT_GT(blocks.size(), 6u);
+  for (const KvBlock& b : blocks) ASSERT_TRUE(receiver_.Accept("req", "rsv", b).ok());
+  EXPECT_EQ(receiver_.tokens_complete(), kPrompt);
+  ASSERT_TRUE(receiver_.Finish("req", "rsv", Final(static_cast<int64_t>(blocks.size()))).ok());
+  EXPECT_TRUE(receiver_.finished());
+  EXPECT_EQ(dst_.length(), kPrompt);
+  ExpectPattern(dst_, kPrompt);
+  EXPECT_EQ(receiver_.Accept("req", "rsv", blocks[0]).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(KvReceiverTest, RoundTripInOneBlock) {
+  std::vector<KvBlock> blocks = Blocks(1 << 20);
+  ASSERT_EQ(blocks.size(), 1u);
+  ASSERT_TRUE(receiver_.Accept("req", "rsv", blocks[0]).ok());
+  ASSERT_TRUE(receiver_.Finish("req", "rsv", Final(1)).ok());
+  ExpectPattern(dst_, kPrompt);
+}
+
+TEST_F(KvReceiverTest, RejectsWrongIds) {
+  ExpectRejected(receiver_.Accept("other", "rsv", Blocks(1 << 20)[0]), "request_id");
+}
+
+TEST_F(KvReceiverTest, RejectsWrongReservation) {
+  ExpectRejected(receiver_.Accept("req", "rsv-2", Blocks(1 << 20)[0]), "reservation_id");
+}
+
+TEST_F(KvReceiverTest, RejectsSequenceGap) {
+  std::vector<KvBlock> blocks = Blocks(200);
+  ExpectRejected(receiver_.Accept("req", "rsv", blocks[1]), "sequence");
+}
+
+TEST_F(KvReceiverTest, RejectsLayerRange) {
+  KvBlock b = Blocks(1 << 20)[0];
+  b.layer_end = 4;
+  ExpectRejected(receiver_.Accept("req", "rsv", b), "layer range");
+}
+
+TEST_F(KvReceiverTest, RejectsTokensBeyondThePrompt) {
+  KvBlock b = Blocks(1 << 20)[0];
+  b.token_end = kPrompt + 1;
+  ExpectRejected(receiver_.Accept("req", "rsv", b), "token range");
+}
+
+TEST_F(KvReceiverTest, RejectsOutOfOrderTokens) {
+  std::vector<KvBlock> blocks = Blocks(200);
+  KvBlock b = blocks[3];  // a later token slice
+  b.sequence = 0;
+  ExpectRejected(receiver_.Accept("req", "rsv", b), "out of order");
+}
+
+TEST_F(KvReceiverTest, RejectsDType) {
+  KvBlock b = Blocks(1 << 20)[0];
+  b.dtype = KvDType::kBF16;
+  ExpectRejected(receiver_.Accept("req", "rsv", b), "dtype");
+}
+
+TEST_F(KvReceiverTest, RejectsShape) {
+  KvBlock b = Blocks(1 << 20)[0];
+  b.shape[3] = 1;
+  ExpectRejected(receiver_.Accept("req", "rsv", b), "shape");
+}
+
+TEST_F(KvReceiverTest, RejectsDataSize) {
+  KvBlock b = Blocks(1 << 20)[0];
+  b.data.pop_back();
+  b.checksum.reset();
+  ExpectRejected(receiver_.Accept("req", "rsv", b), "data");
+}
+
+TEST_F(KvReceiverTest, RejectsChecksumMismatch) {
+  KvBlock b = Blocks(1 << 20)[0];
+  b.data[17] ^= 1;
+  ExpectRejected(receiver_.Accept("req", "rsv", b), "checksum");
+}
+
+TEST_F(KvReceiverTest, AcceptsBlocksWithoutChecksum) {
+  KvBlock b = Blocks(1 << 20)[0];
+  b.checksum.reset();
+  ASSERT_TRUE(receiver_.Accept("req", "rsv", b).ok());
+}
+
+TEST_F(KvReceiverTest, FinishRejectsIncompleteKv) {
+  std::vector<KvBlock> blocks = Blocks(200);
+  ASSERT_TRUE(receiver_.Accept("req", "rsv", blocks[0]).ok());
+  absl::Status s = receiver_.Finish("req", "rsv", Final(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("incomplete"), std::string::npos) << s;
+  EXPECT_EQ(dst_.length(), 0);
+}
+
+TEST_F(KvReceiverTest, FinishRejectsChunkCountMismatch) {
+  std::vector<KvBlock> blocks = Blocks(1 << 20);
+  ASSERT_TRUE(receiver_.Accept("req", "rsv", blocks[0]).ok());
+  absl::Status s = receiver_.Finish("req", "rsv", Final(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("num_chunks"), std::string::npos) << s;
+}
+
+TEST_F(KvReceiverTest, FinishRejectsMissingFirstToken) {
+  ASSERT_TRUE(receiver_.Accept("req", "rsv", Blocks(1 << 20)[0]).ok());
+  KvFinal f = Final(1);
+  f.first_token_id = -1;
+  absl::Status s = receiver_.Finish("req", "rsv", f);
+  EXPECT_NE(s.message().find("first_token_id"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace tokenselect::engine

@@ -1,0 +1,119 @@
+#include "engine/transfer/kv_transport.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "common/status.h"
+#include "engine/transfer/kv_receiver.h"
+#include "gtest/gtest.h"
+#include "tests/unit/engine/transfer/kv_test_util.h"
+
+namespace tokenselect::engine {
+namespace {
+
+using testing::ExpectPattern;
+using testing::FillTable;
+using testing::MakePool;
+
+// An in-memory stream into a KvReceiver, with fault injection: fail the n-th block, or block in
+// SendBlock until aborted.
+class FakeStream : public KvStream {
+ public:
+  explicit FakeStream(KvReceiver* receiver) : receiver_(receiver) {}
+  absl::Status SendBlock(KvBlock block) override {
+    if (block_forever_) {
+      entered_.Notify();
+      while (!aborted_) std::this_thread::yield();
+      return absl::CancelledError("aborted");
+    }
+    if (fail_at_ >= 0 && sent_ == fail_at_) return absl::UnavailableError("link down");
+    ++sent_;
+    return receiver_->Accept("req", "rsv", block);
+  }
+  absl::StatusOr<KvPushStats> Finish(const KvFinal& final) override {
+    RETURN_IF_ERROR(receiver_->Finish("req", "rsv", final));
+    return KvPushStats{receiver_->tokens_complete(), receiver_->bytes_received()};
+  }
+  void Abort() override { aborted_ = true; }
+
+  int fail_at_ = -1;
+  bool block_forever_ = false;
+  std::atomic<bool> aborted_{false};
+  absl::Notification entered_;
+  int sent_ = 0;
+
+ private:
+  KvReceiver* receiver_;
+};
+
+class PipelinedKvSenderTest : public ::testing::Test {
+ protected:
+  PipelinedKvSenderTest()
+      : src_pool_(MakePool(2, 2, 4, 16, 4)),
+        dst_pool_(MakePool(2, 2, 4, 16, 16)),
+        src_(src_pool_.get(), "src"),
+        dst_(dst_pool_.get(), "dst"),
+        receiver_("req", "rsv", &dst_, 20) {
+    FillTable(&src_, 20);
+    EXPECT_TRUE(dst_.Reserve(24).ok());
+    options_.max_block_bytes = 300;  // several blocks per chunk
+    options_.checksum = true;
+    options_.queue_depth = 1;
+  }
+  std::unique_ptr<PagePool> src_pool_, dst_pool_;
+  TokenTable src_, dst_;
+  KvReceiver receiver_;
+  KvSenderOptions options_;
+};
+
+TEST_F(PipelinedKvSenderTest, SendsChunksInOrderAndFinishes) {
+  auto stream = std::make_unique<FakeStream>(&receiver_);
+  PipelinedKvSender sender(std::move(stream), src_pool_.get(), options_);
+  for (int64_t begin = 0; begin < 20; begin += 6) {
+    ASSERT_TRUE(sender.SendChunk(src_, begin, std::min<int64_t>(20, begin + 6)).ok());
+  }
+  KvFinal final;
+  final.first_token_id = 3;
+  auto stats = sender.Finish(final);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->tokens_received, 20);
+  EXPECT_EQ(sender.blocks_sent(), receiver_.blocks_received());
+  EXPECT_EQ(sender.bytes_sent(), 20 * 2 * 2 * 2 * 4 * 4);
+  ExpectPattern(dst_, 20);
+}
+
+TEST_F(PipelinedKvSenderTest, StreamErrorIsReturned) {
+  auto stream = std::make_unique<FakeStream>(&receiver_);
+  stream->fail_at_ = 2;
+  PipelinedKvSender sender(std::move(stream), src_pool_.get(), options_);
+  absl::Status status;
+  for (int64_t begin = 0; begin < 20 && status.ok(); begin += 5) {
+    status = sender.SendChunk(src_, begin, begin + 5);
+  }
+  auto stats = sender.Finish(KvFinal{});
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(PipelinedKvSenderTest, AbortUnblocksEverything) {
+  auto stream = std::make_unique<FakeStream>(&receiver_);
+  FakeStream* raw = stream.get();
+  raw->block_forever_ = true;
+  PipelinedKvSender sender(std::move(stream), src_pool_.get(), options_);
+  ASSERT_TRUE(sender.SendChunk(src_, 0, 5).ok());
+  raw->entered_.WaitForNotification();
+  std::thread aborter([&] { sender.Abort(); });
+  auto stats = sender.Finish(KvFinal{});
+  aborter.join();
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(sender.SendChunk(src_, 5, 10).code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(PipelinedKvSenderTest, RejectsChunkOutsideTheTable) {
+  PipelinedKvSender sender(std::make_unique<FakeStream>(&receiver_), src_pool_.get(), options_);
+  EXPECT_EQ(sender.SendChunk(src_, 5, 5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sender.SendChunk(src_, 0, 100).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tokenselect::engine
