@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "decode_worker/wire_service.h"
+#include "wire/wire_service.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tokenselect/v1/worker.grpc.pb.h"
 

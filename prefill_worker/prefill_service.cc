@@ -5,7 +5,7 @@
 
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
-#include "prefill_worker/wire_service.h"
+#include "wire/wire_service.h"
 #include "proto/tokenselect/v1/worker.grpc.pb.h"
 
 namespace tokenselect::prefill_worker {

@@ -3,8 +3,8 @@
 
 Reads build_graph.tsv (written by cmake/TsBuildGraph.cmake at configure time): one target per
 line with its folder and direct link dependencies. Rules, on the transitive closure:
-  - layers point down: common < kernels < engine < services (router, prefill_worker,
-    decode_worker, clients); nothing links a target of a higher layer;
+  - layers point down: common (and proto) < tokenizer < kernels < engine < services (router,
+    prefill_worker, decode_worker, wire, clients); nothing links a target of a higher layer;
   - common/ links no CUDA, no NCCL, no gRPC/protobuf;
   - the router links neither engine/ nor kernels/ nor CUDA/NCCL;
   - prefill_worker/ and decode_worker/ never link each other.
@@ -13,7 +13,7 @@ Exit 0 with a summary when every rule holds; 1 with every violation listed other
 import sys
 
 LAYER = {"common": 0, "tokenizer": 0.5, "kernels": 1, "engine": 2, "prefill_worker": 3, "decode_worker": 3,
-         "router": 3, "clients": 3, "proto": 0}
+         "router": 3, "clients": 3, "wire": 3, "proto": 0}
 CUDA_PREFIXES = ("CUDA::", "ts::nccl")
 GRPC_PREFIXES = ("gRPC::", "protobuf::")
 

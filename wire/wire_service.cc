@@ -1,11 +1,11 @@
-#include "decode_worker/wire_service.h"
+#include "wire/wire_service.h"
 
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
-namespace tokenselect::decode_worker::wire {
+namespace tokenselect::wire {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -130,4 +130,38 @@ engine::KvFinal ToEngine(const v1::KvFinal& f) {
   return out;
 }
 
-}  // namespace tokenselect::decode_worker::wire
+engine::KvLayout ToEngine(const v1::KvLayout& l) {
+  engine::KvLayout out;
+  out.num_layers = l.num_layers();
+  out.num_kv_heads = l.num_kv_heads();
+  out.head_dim = l.head_dim();
+  out.dtype = static_cast<engine::KvDType>(l.dtype());
+  return out;
+}
+
+void ToWire(engine::KvBlock b, v1::KvChunk* out) {
+  out->set_sequence(b.sequence);
+  out->set_layer_begin(b.layer_begin);
+  out->set_layer_end(b.layer_end);
+  out->set_token_begin(b.token_begin);
+  out->set_token_end(b.token_end);
+  out->set_dtype(static_cast<v1::KvDType>(b.dtype));
+  for (int64_t d : b.shape) out->add_shape(d);
+  if (b.checksum.has_value()) out->set_checksum(*b.checksum);
+  out->set_data(std::move(b.data));
+}
+
+void ToWire(const engine::KvFinal& f, v1::KvFinal* out) {
+  out->set_first_token_id(f.first_token_id);
+  if (f.first_token_logprob.has_value()) out->set_first_token_logprob(*f.first_token_logprob);
+  for (const engine::TokenLogprob& t : f.first_top_logprobs) {
+    v1::TokenLogprob* e = out->add_first_top_logprobs();
+    e->set_token_id(t.token_id);
+    e->set_logprob(t.logprob);
+  }
+  out->set_seed(f.seed);
+  out->set_num_chunks(f.num_chunks);
+  out->set_prefill_seconds(f.prefill_seconds);
+}
+
+}  // namespace tokenselect::wire

@@ -1,8 +1,8 @@
-// Translation between the worker protocol (proto/tokenselect/v1/worker.proto) and engine structs
-// for the prefill worker (seen only by this folder's *_service.cc files). The sampling and
-// selection translations are the same in both workers, which never include each other.
-#ifndef TOKENSELECT_PREFILL_WORKER_WIRE_SERVICE_H_
-#define TOKENSELECT_PREFILL_WORKER_WIRE_SERVICE_H_
+// Translation between the worker protocol (proto/tokenselect/v1/worker.proto) and engine structs,
+// shared by the prefill and decode workers (which never include each other). Seen only by
+// *_service.cc files, as the protocol's generated types are.
+#ifndef TOKENSELECT_WIRE_WIRE_SERVICE_H_
+#define TOKENSELECT_WIRE_WIRE_SERVICE_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -14,7 +14,7 @@
 #include "grpcpp/support/status.h"
 #include "proto/tokenselect/v1/worker.pb.h"
 
-namespace tokenselect::prefill_worker::wire {
+namespace tokenselect::wire {
 
 namespace v1 = ::tokenselect::v1;
 
@@ -29,11 +29,18 @@ engine::SamplingParams ToEngine(const v1::SamplingParams& params);
 absl::StatusOr<engine::SelectionOptions> ToEngine(const v1::SelectionParams& params,
                                                   engine::SelectionOptions defaults);
 
+v1::FinishReason ToWire(engine::FinishReason reason);
+
+// KV transfer records, both directions (prefill sends, decode receives).
+void ToWire(const engine::KvLayout& layout, v1::KvLayout* out);
 engine::KvLayout ToEngine(const v1::KvLayout& layout);
 // Moves the payload into `out`.
 void ToWire(engine::KvBlock block, v1::KvChunk* out);
+// Moves the payload out of `chunk`.
+engine::KvBlock ToEngine(v1::KvChunk* chunk);
 void ToWire(const engine::KvFinal& final, v1::KvFinal* out);
+engine::KvFinal ToEngine(const v1::KvFinal& final);
 
-}  // namespace tokenselect::prefill_worker::wire
+}  // namespace tokenselect::wire
 
-#endif  // TOKENSELECT_PREFILL_WORKER_WIRE_SERVICE_H_
+#endif  // TOKENSELECT_WIRE_WIRE_SERVICE_H_
