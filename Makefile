@@ -2,11 +2,13 @@
 #   make deps     install the Debian packages the build and tests need (idempotent)
 #   make build    configure (CMake + Ninja) and build
 #   make test     deps + build + unit and integration tests (ctest -L "unit|integration")
-#   make run      deps + build + the main job: offline generation on the generated demo model
+#   make run      deps + build + the main job: the all-in-one server (router + prefill + decode
+#                 worker in one process) on the generated demo model, on port PORT
 #   make format   clang-format every C++/CUDA source in place
 # Variables: TS_ENABLE_CUDA=AUTO|ON|OFF (default AUTO), BUILD_DIR (default build, or build-nocuda
 # when TS_ENABLE_CUDA=OFF), BUILD_TYPE (default RelWithDebInfo), TS_CUDA_ARCHS (default "80;90"),
-# CTEST_ARGS (extra ctest arguments), PROMPT (the prompt `make run` completes).
+# CTEST_ARGS (extra ctest arguments), PORT (the port `make run` serves on, default 50051),
+# PROMPT (the prompt the printed example command completes).
 
 TS_ENABLE_CUDA ?= AUTO
 ifeq ($(TS_ENABLE_CUDA),OFF)
@@ -17,6 +19,7 @@ endif
 BUILD_TYPE ?= RelWithDebInfo
 TS_CUDA_ARCHS ?= 80;90
 CTEST_ARGS ?=
+PORT ?= 50051
 PROMPT ?= Long-context inference attends to a few thousand chosen tokens because
 DEMO_MODEL := $(BUILD_DIR)/demo-model
 CLI := $(BUILD_DIR)/bin/tokenselect
@@ -45,7 +48,10 @@ test: build
 
 run: build
 	@test -f $(DEMO_MODEL)/config.json || $(CLI) make-model --preset llama-gqa --out $(DEMO_MODEL)
-	@$(CLI) generate --model $(DEMO_MODEL) --prompt "$(PROMPT)" --max_new_tokens 48
+	@echo "Starting the all-in-one server (router + prefill + decode worker) on port $(PORT)."
+	@echo "From another shell:  $(CLI) generate --server localhost:$(PORT) --prompt \"$(PROMPT)\" --max_new_tokens 48"
+	@echo "Stop it with Ctrl-C."
+	@$(CLI) serve --all-in-one --model $(DEMO_MODEL) --port $(PORT)
 
 format:
 	@git ls-files '*.h' '*.cc' '*.cu' '*.cuh' | xargs clang-format -i

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "rpc/status_convert.h"
 #include "wire/wire_service.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tokenselect/v1/worker.grpc.pb.h"
@@ -13,7 +14,6 @@ namespace {
 
 namespace pb = ::tokenselect::v1;
 
-using wire::ToGrpc;
 
 absl::StatusOr<DecodeSpec> ToSpec(const pb::WorkerRequest& r,
                                   const engine::SelectionOptions& defaults) {
@@ -46,10 +46,10 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
   grpc::Status Decode(grpc::ServerContext* ctx, const pb::DecodeRequest* req,
                       grpc::ServerWriter<pb::DecodeResponse>* writer) override {
     absl::StatusOr<DecodeSpec> spec = ToSpec(req->request(), options_.default_selection);
-    if (!spec.ok()) return ToGrpc(spec.status());
+    if (!spec.ok()) return rpc::ToGrpcStatus(spec.status());
     const std::string request_id = spec->request_id;
     absl::StatusOr<DecodeStream> stream = engine_->Admit(std::move(spec).value());
-    if (!stream.ok()) return ToGrpc(stream.status());
+    if (!stream.ok()) return rpc::ToGrpcStatus(stream.status());
 
     const Reservation& r = stream->reservation();
     pb::DecodeResponse first;
@@ -97,7 +97,7 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
           break;
         }
         case DecodeEvent::Kind::kError:
-          return ToGrpc(event->status);
+          return rpc::ToGrpcStatus(event->status);
       }
       if (!writer->Write(response)) {
         engine_->Cancel(request_id, "Decode stream closed by the client");
@@ -123,11 +123,11 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
       if (msg.has_chunk()) {
         absl::Status status = engine_->AcceptKv(msg.request_id(), msg.reservation_id(),
                                                 wire::ToEngine(msg.mutable_chunk()));
-        if (!status.ok()) return ToGrpc(status);
+        if (!status.ok()) return rpc::ToGrpcStatus(status);
       } else if (msg.has_final()) {
         absl::StatusOr<engine::KvPushStats> stats =
             engine_->FinishKv(msg.request_id(), msg.reservation_id(), wire::ToEngine(msg.final()));
-        if (!stats.ok()) return ToGrpc(stats.status());
+        if (!stats.ok()) return rpc::ToGrpcStatus(stats.status());
         response->set_tokens_received(stats->tokens_received);
         response->set_bytes_received(stats->bytes_received);
         final_seen = true;
@@ -135,7 +135,7 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
         const absl::Status status =
             absl::InvalidArgumentError("push_kv message has neither chunk nor final");
         engine_->AbortKv(msg.request_id(), msg.reservation_id(), status);
-        return ToGrpc(status);
+        return rpc::ToGrpcStatus(status);
       }
     }
     if (!final_seen) {
@@ -143,7 +143,7 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
                                       ? absl::CancelledError("KV stream cancelled by the sender")
                                       : absl::InvalidArgumentError("KV stream ended without final");
       if (!request_id.empty()) engine_->AbortKv(request_id, reservation_id, status);
-      return ToGrpc(status);
+      return rpc::ToGrpcStatus(status);
     }
     return grpc::Status::OK;
   }

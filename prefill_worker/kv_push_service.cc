@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/status_convert.h"
 #include "wire/wire_service.h"
 #include "proto/tokenselect/v1/worker.grpc.pb.h"
 
@@ -59,7 +60,7 @@ class GrpcKvStream final : public engine::KvStream {
   absl::Status Close() {
     closed_ = true;
     status_ =
-        wire::FromGrpc(writer_->Finish(), absl::StrCat("PushKv to ", target_.destination, ": "));
+        rpc::FromGrpcStatus(writer_->Finish(), absl::StrCat("PushKv to ", target_.destination, ": "));
     return status_;
   }
 

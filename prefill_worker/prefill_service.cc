@@ -5,6 +5,7 @@
 
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/status_convert.h"
 #include "wire/wire_service.h"
 #include "proto/tokenselect/v1/worker.grpc.pb.h"
 
@@ -12,7 +13,6 @@ namespace tokenselect::prefill_worker {
 namespace {
 
 namespace pb = ::tokenselect::v1;
-using wire::ToGrpc;
 
 class PrefillServiceImpl final : public pb::PrefillWorker::Service {
  public:
@@ -28,7 +28,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     spec.sampling = wire::ToEngine(r.sampling());
     absl::StatusOr<engine::SelectionOptions> selection =
         wire::ToEngine(r.selection(), options_.default_selection);
-    if (!selection.ok()) return ToGrpc(selection.status());
+    if (!selection.ok()) return rpc::ToGrpcStatus(selection.status());
     spec.selection = *selection;
     spec.decode_address = req->decode_worker_address();
     spec.reservation_id = req->reservation().reservation_id();
@@ -36,7 +36,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     spec.receiver_layout = wire::ToEngine(req->reservation().layout());
     if (!req->reservation().request_id().empty() &&
         req->reservation().request_id() != spec.request_id) {
-      return ToGrpc(
+      return rpc::ToGrpcStatus(
           absl::InvalidArgumentError("reservation.request_id does not match "
                                      "request.request_id"));
     }
@@ -46,14 +46,14 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     }
     const std::string request_id = spec.request_id;
     absl::StatusOr<PrefillHandle> handle = engine_->Submit(std::move(spec));
-    if (!handle.ok()) return ToGrpc(handle.status());
+    if (!handle.ok()) return rpc::ToGrpcStatus(handle.status());
     while (true) {
       std::optional<absl::StatusOr<PrefillResult>> result = handle->Wait(absl::Milliseconds(20));
       if (!result.has_value()) {
         if (ctx->IsCancelled()) engine_->Cancel(request_id, "Prefill RPC cancelled");
         continue;  // the job ends promptly once cancelled
       }
-      if (!result->ok()) return ToGrpc(result->status());
+      if (!result->ok()) return rpc::ToGrpcStatus(result->status());
       const PrefillResult& p = **result;
       out->set_prompt_tokens(p.prompt_tokens);
       out->set_first_token_id(p.first_token_id);

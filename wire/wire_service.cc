@@ -7,17 +7,6 @@
 
 namespace tokenselect::wire {
 
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-absl::Status FromGrpc(const grpc::Status& status, absl::string_view prefix) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(prefix, status.error_message()));
-}
-
 engine::SamplingParams ToEngine(const v1::SamplingParams& p) {
   engine::SamplingParams s;
   if (p.has_temperature()) s.temperature = p.temperature();

@@ -11,16 +11,11 @@
 #include "engine/sampling/sampling_params.h"
 #include "engine/selection/selection_options.h"
 #include "engine/transfer/kv_format.h"
-#include "grpcpp/support/status.h"
 #include "proto/tokenselect/v1/worker.pb.h"
 
 namespace tokenselect::wire {
 
 namespace v1 = ::tokenselect::v1;
-
-// absl <-> gRPC status (the codes are numerically identical); `prefix` goes before the message.
-grpc::Status ToGrpc(const absl::Status& status);
-absl::Status FromGrpc(const grpc::Status& status, absl::string_view prefix = "");
 
 // Unset optional fields keep the engine defaults (engine::SamplingParams{}).
 engine::SamplingParams ToEngine(const v1::SamplingParams& params);

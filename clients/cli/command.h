@@ -21,6 +21,12 @@ struct Command {
 
 absl::Status RunMakeModel(const std::vector<std::string>& args);
 absl::Status RunGenerate(const std::vector<std::string>& args);
+// remote_commands.cc: `generate --server` (called from RunGenerate), `health`, `info`.
+absl::Status RunRemoteGenerate(const std::vector<std::string>& args);
+absl::Status RunHealth(const std::vector<std::string>& args);
+absl::Status RunInfo(const std::vector<std::string>& args);
+// serve_command.cc: `serve --all-in-one` (built when the router and both workers are).
+absl::Status RunServe(const std::vector<std::string>& args);
 
 }  // namespace tokenselect::cli
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,9 @@ ABSL_FLAG(double, theta, 0.9,
           "generate: selection-cache cosine threshold in [-1, 1]; above 1 disables the cache.");
 ABSL_FLAG(int64_t, chunk_size, 512, "generate: prompt tokens per prefill step (chunked prefill).");
 ABSL_FLAG(int64_t, page_size, 16, "generate: KV cache page size in tokens.");
+
+// --server (remote_commands.cc): run the request on a router instead of offline.
+ABSL_DECLARE_FLAG(std::string, server);
 
 namespace tokenselect::cli {
 namespace {
@@ -157,6 +161,7 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const tokenizer::Tokenizer& tok) 
 }  // namespace
 
 absl::Status RunGenerate(const std::vector<std::string>& args) {
+  if (!absl::GetFlag(FLAGS_server).empty()) return RunRemoteGenerate(args);
   if (!args.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unexpected arguments: ", absl::StrJoin(args, " ")));

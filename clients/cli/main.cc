@@ -16,7 +16,14 @@ namespace {
 constexpr Command kCommands[] = {
     {"make-model", "write a small deterministic Hugging Face checkpoint and tokenizer",
      RunMakeModel},
-    {"generate", "generate text offline from a local checkpoint directory", RunGenerate},
+    {"generate",
+     "generate text offline from a local checkpoint directory, or with --server from a router",
+     RunGenerate},
+    {"health", "check a server's grpc.health.v1 status (--server HOST:PORT)", RunHealth},
+    {"info", "describe the model a server serves (--server HOST:PORT)", RunInfo},
+#ifdef TS_HAVE_SERVE
+    {"serve", "serve --all-in-one: router + prefill + decode worker in one process", RunServe},
+#endif
 };
 
 std::string Usage() {

@@ -13,7 +13,7 @@ Exit 0 with a summary when every rule holds; 1 with every violation listed other
 import sys
 
 LAYER = {"common": 0, "tokenizer": 0.5, "kernels": 1, "engine": 2, "prefill_worker": 3, "decode_worker": 3,
-         "router": 3, "clients": 3, "wire": 3, "proto": 0}
+         "router": 3, "clients": 3, "wire": 3, "rpc": 0.5, "proto": 0}
 CUDA_PREFIXES = ("CUDA::", "ts::nccl")
 GRPC_PREFIXES = ("gRPC::", "protobuf::")
 

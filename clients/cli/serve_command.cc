@@ -1,0 +1,149 @@
+// tokenselect serve --all-in-one [--model DIR] [--port N]
+// The embedded deployment (docs/DESIGN.md section 2): the router, one prefill worker and one
+// decode worker in one process, talking gRPC over loopback with the host KV transport, on the
+// CPU. The model is loaded once and shared by both workers. Without --model it serves the
+// generated demo checkpoint, written to --cache_dir on first use. SIGINT / SIGTERM drain.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "clients/cli/command.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "decode_worker/decode_worker.h"
+#include "engine/generation/demo_checkpoint.h"
+#include "engine/generation/model_loader.h"
+#include "prefill_worker/prefill_worker.h"
+#include "router/router_server.h"
+#include "rpc/credentials.h"
+
+ABSL_FLAG(bool, all_in_one, false,
+          "serve: run the router and one prefill and one decode worker in this process.");
+ABSL_FLAG(std::string, host, "0.0.0.0", "serve: address the router listens on.");
+ABSL_FLAG(int32_t, port, 50051, "serve: router port (0 picks a free one).");
+ABSL_FLAG(int64_t, kv_pages, 4096, "serve: KV-cache pages of the decode worker.");
+ABSL_FLAG(int64_t, max_prompt_tokens, 0,
+          "serve: longest accepted prompt in tokens (0: config.json max_position_embeddings).");
+ABSL_FLAG(std::string, api_keys_file, "", "serve: API keys file (one per line); empty: none.");
+ABSL_FLAG(std::string, cache_dir, "",
+          "serve: where the demo checkpoint is written when --model is not given "
+          "(default $XDG_CACHE_HOME/tokenselect or ~/.cache/tokenselect).");
+ABSL_FLAG(double, drain_timeout_s, 10, "serve: grace period for in-flight requests on SIGTERM.");
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, load_format);
+ABSL_DECLARE_FLAG(int64_t, page_size);
+ABSL_DECLARE_FLAG(std::string, tls_cert);
+ABSL_DECLARE_FLAG(std::string, tls_key);
+ABSL_DECLARE_FLAG(std::string, tls_ca);
+
+namespace tokenselect::cli {
+namespace {
+
+std::string CacheDir() {
+  if (!absl::GetFlag(FLAGS_cache_dir).empty()) return absl::GetFlag(FLAGS_cache_dir);
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return absl::StrCat(xdg, "/tokenselect");
+  }
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home != nullptr ? home : "/tmp", "/.cache/tokenselect");
+}
+
+// --model, or the demo checkpoint in the cache directory (written when absent).
+absl::StatusOr<std::string> ModelDir() {
+  if (!absl::GetFlag(FLAGS_model).empty()) return absl::GetFlag(FLAGS_model);
+  const std::string dir = CacheDir() + "/demo-model";
+  if (FILE* f = std::fopen((dir + "/config.json").c_str(), "r")) {
+    std::fclose(f);
+    return dir;
+  }
+  std::fprintf(stderr, "serve: writing the demo checkpoint to %s\n", dir.c_str());
+  RETURN_IF_ERROR(engine::WriteDemoCheckpoint(dir, engine::DemoCheckpointOptions()));
+  return dir;
+}
+
+}  // namespace
+
+absl::Status RunServe(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected arguments: ", absl::StrJoin(args, " ")));
+  }
+  if (!absl::GetFlag(FLAGS_all_in_one)) {
+    return absl::InvalidArgumentError(
+        "only --all-in-one is supported here; the disaggregated deployment runs the router, "
+        "prefill_worker and decode_worker binaries");
+  }
+  ASSIGN_OR_RETURN(const std::string model_dir, ModelDir());
+  ASSIGN_OR_RETURN(engine::LoadFormat format,
+                   engine::ParseLoadFormat(absl::GetFlag(FLAGS_load_format)));
+  ASSIGN_OR_RETURN(engine::LoadedModel loaded, engine::LoadModelDirectory(model_dir, format));
+
+  // Block the stop signals before any server thread starts; this thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  decode_worker::DecodeWorkerOptions decode_options;
+  decode_options.model = loaded.model.get();
+  decode_options.tokenizer = loaded.tokenizer.get();
+  decode_options.listen_address = "127.0.0.1:0";
+  decode_options.engine.kv_pages = absl::GetFlag(FLAGS_kv_pages);
+  decode_options.engine.page_size = absl::GetFlag(FLAGS_page_size);
+  ASSIGN_OR_RETURN(std::unique_ptr<decode_worker::DecodeWorker> decode,
+                   decode_worker::StartDecodeWorker(decode_options));
+
+  prefill_worker::PrefillWorkerOptions prefill_options;
+  prefill_options.model = loaded.model.get();
+  prefill_options.listen_address = "127.0.0.1:0";
+  ASSIGN_OR_RETURN(std::unique_ptr<prefill_worker::PrefillWorker> prefill,
+                   prefill_worker::StartPrefillWorker(prefill_options));
+
+  router::RouterOptions router_options;
+  router_options.model_dir = model_dir;
+  router_options.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  router_options.listen_address =
+      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  ASSIGN_OR_RETURN(
+      router_options.server.tls,
+      rpc::TlsOptionsFromFlags(absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                               absl::GetFlag(FLAGS_tls_ca)));
+  router_options.prefill_targets = {prefill->address()};
+  router_options.decode_targets = {decode->address()};
+  router_options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  router_options.probe_interval = absl::Milliseconds(250);
+  ASSIGN_OR_RETURN(std::unique_ptr<router::RouterServer> router,
+                   router::RouterServer::Start(router_options));
+
+  char self[4096] = "tokenselect";
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) self[n] = '\0';
+  std::printf(
+      "tokenselect all-in-one: serving %s on port %d (prefill %s, decode %s)\n"
+      "try:  %s generate --server localhost:%d --prompt \"Hello\" --max_new_tokens 32\n",
+      model_dir.c_str(), router->port(), prefill->address().c_str(), decode->address().c_str(),
+      self, router->port());
+  std::fflush(stdout);
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  TS_LOG(INFO, "serve: signal {}, draining", signal_number);
+  const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  router->Shutdown(drain);
+  router->Wait();
+  prefill->Shutdown(absl::Seconds(1));
+  decode->Shutdown(absl::Seconds(1));
+  return absl::OkStatus();
+}
+
+}  // namespace tokenselect::cli

@@ -1,0 +1,392 @@
+// Black-box tests of the disaggregated services: the real router, 2 prefill and 2 decode worker
+// binaries on loopback, driven through the C++ client (clients/client.h). Outputs are compared
+// token for token with offline `tokenselect generate` (engine::Generator) on the same model.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "clients/client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "proto/tokenselect/v1/generate.grpc.pb.h"
+#include "proto/tokenselect/v1/worker.grpc.pb.h"
+#include "tests/integration/services/cluster.h"
+
+namespace tokenselect::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kDecodePages = 256;  // x 16 slots: 4096 tokens per decode worker
+constexpr int kPageSize = 16;
+
+struct Worker {
+  Process process;
+  int port = 0;
+  std::string address() const { return absl::StrCat("127.0.0.1:", port); }
+};
+
+class ServicesTest : public ::testing::Test {
+ protected:
+  // A failed SetUpTestSuite would otherwise only skip the tests.
+  void SetUp() override { ASSERT_TRUE(setup_ok_) << "cluster did not start, logs in " << *dir_; }
+
+  static void SetUpTestSuite() {
+    dir_ = new std::string(MakeTempDir("ts-services"));
+    model_ = new std::string(*dir_ + "/model");
+    int rc = 0;
+    RunAndCapture(
+        {BinDir() + "/tokenselect", "make-model", "--preset", "llama-gqa", "--out", *model_},
+        *dir_ + "/make-model.log", &rc);
+    ASSERT_EQ(rc, 0) << "make-model failed, see " << *dir_;
+    prefill_ = new std::vector<Worker>(2);
+    decode_ = new std::vector<Worker>(2);
+    for (size_t i = 0; i < 2; ++i) {
+      Worker& d = (*decode_)[i];
+      d.port = FreePort();
+      d.process =
+          Process({BinDir() + "/decode_worker", "--model", *model_, "--host", "127.0.0.1", "--port",
+                   std::to_string(d.port), "--kv_pages", std::to_string(kDecodePages),
+                   "--page_size", std::to_string(kPageSize), "--lease_timeout_ms", "3000"},
+                  absl::StrCat(*dir_, "/decode", i, ".log"));
+      Worker& p = (*prefill_)[i];
+      p.port = FreePort();
+      p.process = Process({BinDir() + "/prefill_worker", "--model", *model_, "--host", "127.0.0.1",
+                           "--port", std::to_string(p.port)},
+                          absl::StrCat(*dir_, "/prefill", i, ".log"));
+    }
+    router_port_ = FreePort();
+    router_ = new Process(RouterArgv(router_port_, {}), *dir_ + "/router.log");
+    ASSERT_TRUE(WaitServing(router_port_, "tokenselect.v1.Generation", 60))
+        << "router not ready, logs in " << *dir_;
+    setup_ok_ = true;
+  }
+
+  static void TearDownTestSuite() {
+    delete router_;
+    delete prefill_;
+    delete decode_;
+    // Keep the logs of a failed run.
+    if (::testing::UnitTest::GetInstance()->failed_test_count() == 0) {
+      std::filesystem::remove_all(*dir_);
+    }
+  }
+
+  static std::vector<std::string> RouterArgv(int port, const std::vector<std::string>& extra) {
+    std::string prefill, decode;
+    for (const Worker& w : *prefill_)
+      absl::StrAppend(&prefill, prefill.empty() ? "" : ",", w.address());
+    for (const Worker& w : *decode_)
+      absl::StrAppend(&decode, decode.empty() ? "" : ",", w.address());
+    std::vector<std::string> argv = {BinDir() + "/router",
+                                     "--model",
+                                     *model_,
+                                     "--host",
+                                     "127.0.0.1",
+                                     "--port",
+                                     std::to_string(port),
+                                     "--prefill_workers",
+                                     prefill,
+                                     "--decode_workers",
+                                     decode,
+                                     "--max_prompt_tokens",
+                                     "3500",
+                                     "--probe_interval_s",
+                                     "0.2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  }
+
+  static std::unique_ptr<clients::Client> Connect(int port = router_port_) {
+    clients::ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", port);
+    return *clients::Client::Create(options);
+  }
+
+  // Offline reference: the ids `tokenselect generate` prints for a greedy run.
+  static std::vector<int32_t> OfflineIds(const std::string& prompt, int max_new_tokens) {
+    int rc = 0;
+    const std::string out = RunAndCapture(
+        {BinDir() + "/tokenselect", "generate", "--model", *model_, "--prompt", prompt,
+         "--max_new_tokens", std::to_string(max_new_tokens), "--temperature", "0", "--print_ids"},
+        *dir_ + "/offline.log", &rc);
+    EXPECT_EQ(rc, 0);
+    std::vector<int32_t> ids;
+    const size_t at = out.rfind("ids: ");
+    if (at == std::string::npos) return ids;
+    const std::string line = out.substr(at + 5, out.find('\n', at) - at - 5);
+    for (absl::string_view part : absl::StrSplit(line, ',', absl::SkipEmpty())) {
+      int32_t id;
+      if (absl::SimpleAtoi(part, &id)) ids.push_back(id);
+    }
+    return ids;
+  }
+
+  // Free / total KV pages of a worker (GetLoad).
+  template <typename Service>
+  static std::pair<int64_t, int64_t> Pages(int port) {
+    auto stub = Service::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::WorkerLoad load;
+    if (!stub->GetLoad(&context, v1::GetLoadRequest(), &load).ok()) return {-1, -1};
+    return {load.free_kv_pages(), load.total_kv_pages()};
+  }
+
+  static int64_t QueuedPrefillTokens(int port) {
+    auto stub = v1::PrefillWorker::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    v1::WorkerLoad load;
+    if (!stub->GetLoad(&context, v1::GetLoadRequest(), &load).ok()) return -1;
+    return load.queued_prefill_tokens() + load.running_requests();
+  }
+
+  // True once every live worker is back at its idle page usage (within `timeout_s`).
+  static bool AllPagesFree(double timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (true) {
+      bool idle = true;
+      for (const Worker& w : *decode_) {
+        if (!w.process.running()) continue;
+        auto [free, total] = Pages<v1::DecodeWorker>(w.port);
+        idle = idle && free == total && total > 0;
+      }
+      for (const Worker& w : *prefill_) {
+        if (!w.process.running()) continue;
+        auto [free, total] = Pages<v1::PrefillWorker>(w.port);
+        idle = idle && free == total;
+      }
+      if (idle) return true;
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+  static clients::GenerateInput Greedy(const std::string& prompt, int max_new_tokens) {
+    clients::GenerateInput in;
+    in.prompt = prompt;
+    in.sampling.temperature = 0;
+    in.sampling.max_new_tokens = max_new_tokens;
+    return in;
+  }
+
+  static std::string LongPrompt(int words) {
+    std::string text;
+    for (int i = 0; i < words; ++i) absl::StrAppend(&text, "token", i % 97, " ");
+    return text;
+  }
+
+  static std::string* dir_;
+  static std::string* model_;
+  static std::vector<Worker>* prefill_;
+  static std::vector<Worker>* decode_;
+  static Process* router_;
+  static int router_port_;
+  static bool setup_ok_;
+};
+
+std::string* ServicesTest::dir_ = nullptr;
+std::string* ServicesTest::model_ = nullptr;
+std::vector<Worker>* ServicesTest::prefill_ = nullptr;
+std::vector<Worker>* ServicesTest::decode_ = nullptr;
+Process* ServicesTest::router_ = nullptr;
+int ServicesTest::router_port_ = 0;
+bool ServicesTest::setup_ok_ = false;
+
+TEST_F(ServicesTest, SixteenConcurrentStreamsMatchOfflineGeneration) {
+  constexpr int kRequests = 16;
+  constexpr int kNewTokens = 12;
+  std::vector<std::string> prompts;
+  for (int i = 0; i < kRequests; ++i) {
+    prompts.push_back(absl::StrCat("Request ", i, ": the quick brown fox ", LongPrompt(i * 3)));
+  }
+  std::vector<absl::StatusOr<clients::GenerateResult>> results(kRequests);
+  std::vector<std::thread> threads;
+  auto client = Connect();
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = client->Generate(Greedy(prompts[i], kNewTokens), {},
+                                    [](const clients::StreamChunk&) { return true; });
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->token_ids, OfflineIds(prompts[i], kNewTokens)) << "request " << i;
+    EXPECT_FALSE(results[i]->finish_reason.empty());
+    EXPECT_GT(results[i]->prompt_tokens, 0);
+  }
+  EXPECT_TRUE(AllPagesFree(5));
+}
+
+TEST_F(ServicesTest, UnaryMatchesStreaming) {
+  auto client = Connect();
+  auto unary = client->GenerateUnary(Greedy("Unary and streaming agree", 8));
+  auto streamed = client->Generate(Greedy("Unary and streaming agree", 8), {}, nullptr);
+  ASSERT_TRUE(unary.ok()) << unary.status();
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_EQ(unary->token_ids, streamed->token_ids);
+  EXPECT_EQ(unary->text, streamed->text);
+}
+
+TEST_F(ServicesTest, RemoteCliMatchesOfflineCli) {
+  const std::vector<std::string> flags = {"--prompt", "The remote CLI", "--max_new_tokens", "10",
+                                          "--print_ids"};
+  std::vector<std::string> remote = {BinDir() + "/tokenselect", "generate", "--server",
+                                     absl::StrCat("127.0.0.1:", router_port_)};
+  std::vector<std::string> offline = {BinDir() + "/tokenselect", "generate", "--model", *model_};
+  remote.insert(remote.end(), flags.begin(), flags.end());
+  offline.insert(offline.end(), flags.begin(), flags.end());
+  int rc_remote = 0, rc_offline = 0;
+  const std::string remote_out = RunAndCapture(remote, *dir_ + "/remote-cli.log", &rc_remote);
+  const std::string offline_out = RunAndCapture(offline, *dir_ + "/offline.log", &rc_offline);
+  EXPECT_EQ(rc_remote, 0);
+  EXPECT_EQ(rc_offline, 0);
+  EXPECT_THAT(remote_out, HasSubstr("ids: "));
+  EXPECT_EQ(remote_out, offline_out);  // the streamed text and the ids line
+}
+
+TEST_F(ServicesTest, CancelMidStreamFreesPages) {
+  auto client = Connect();
+  clients::GenerateInput in = Greedy("Cancel me after a few tokens", 2000);
+  in.sampling.ignore_eos = true;
+  auto stream = client->StartGenerate(in);
+  clients::StreamChunk chunk;
+  int tokens = 0;
+  while (tokens < 3 && stream->Next(&chunk)) tokens += static_cast<int>(chunk.token_ids.size());
+  EXPECT_GE(tokens, 3);
+  stream->Cancel();
+  EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(AllPagesFree(5));
+}
+
+TEST_F(ServicesTest, DeadlineExpiryFreesPages) {
+  auto client = Connect();
+  clients::GenerateInput in = Greedy("Run past the deadline", 3000);
+  in.sampling.ignore_eos = true;
+  clients::CallOptions call;
+  call.timeout = absl::Milliseconds(300);
+  auto result = client->Generate(in, call, nullptr);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
+  EXPECT_TRUE(AllPagesFree(5));
+}
+
+TEST_F(ServicesTest, BadInputIsInvalidArgumentNamingTheField) {
+  auto client = Connect();
+  struct Case {
+    std::string field;
+    std::function<void(clients::GenerateInput*)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"input", [](clients::GenerateInput* in) { in->prompt.clear(); }},
+      {"top_p", [](clients::GenerateInput* in) { in->sampling.top_p = 1.5f; }},
+      {"temperature", [](clients::GenerateInput* in) { in->sampling.temperature = -1; }},
+      {"max_new_tokens", [](clients::GenerateInput* in) { in->sampling.max_new_tokens = 0; }},
+      {"selection.k", [](clients::GenerateInput* in) { in->selection.k = -3; }},
+      {"prompt", [](clients::GenerateInput* in) { in->prompt = LongPrompt(4000); }},
+      {"prompt_token_ids",
+       [](clients::GenerateInput* in) {
+         in->prompt.clear();
+         in->prompt_ids = {1, 2, 999999};
+       }},
+  };
+  for (const Case& c : cases) {
+    clients::GenerateInput in = Greedy("fine", 4);
+    c.edit(&in);
+    auto result = client->GenerateUnary(in);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_THAT(std::string(result.status().message()), HasSubstr(c.field));
+  }
+  // An enum value this server does not know (a newer client's policy).
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", router_port_),
+                                                          grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest request;
+  request.set_prompt("fine");
+  request.mutable_selection()->set_policy(static_cast<v1::SelectionPolicy>(99));
+  grpc::ClientContext context;
+  v1::GenerateUnaryResponse response;
+  grpc::Status status = stub->GenerateUnary(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("selection.policy"));
+}
+
+TEST_F(ServicesTest, OverCapacityIsResourceExhausted) {
+  auto client = Connect();
+  // A request no decode worker could ever hold is rejected by the worker as INVALID_ARGUMENT.
+  auto never = client->GenerateUnary(Greedy("too big", kDecodePages * kPageSize + 100));
+  EXPECT_EQ(never.status().code(), absl::StatusCode::kInvalidArgument) << never.status();
+  // Fill both decode workers with one long request each; a third does not fit anywhere.
+  constexpr int kLong = kDecodePages * kPageSize * 3 / 4;
+  std::vector<std::unique_ptr<clients::GenerateStream>> holders;
+  for (int i = 0; i < 2; ++i) {
+    clients::GenerateInput in = Greedy(absl::StrCat("hold ", i), kLong);
+    in.sampling.ignore_eos = true;
+    holders.push_back(client->StartGenerate(in));
+    clients::StreamChunk chunk;
+    ASSERT_TRUE(holders.back()->Next(&chunk)) << holders.back()->Finish();
+  }
+  auto full = client->GenerateUnary(Greedy("no room", kLong));
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
+  for (auto& h : holders) {
+    h->Cancel();
+    h->Finish().IgnoreError();
+  }
+  EXPECT_TRUE(AllPagesFree(5));
+}
+
+TEST_F(ServicesTest, ModelInfoAndTokenize) {
+  auto client = Connect();
+  auto info = client->GetModelInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(info->vocab_size, 2048);
+  EXPECT_EQ(info->max_prompt_tokens, 3500);
+  auto ids = client->Tokenize("hello");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_FALSE(ids->empty());
+}
+
+// Runs last: it kills a prefill worker.
+TEST_F(ServicesTest, KilledPrefillWorkerCompletesElsewhereOrFailsUnavailable) {
+  auto client = Connect();
+  const std::string prompt = LongPrompt(700);  // ~2500 tokens: a prefill of seconds
+  absl::StatusOr<clients::GenerateResult> result;
+  std::thread request([&] { result = client->GenerateUnary(Greedy(prompt, 8)); });
+  // Kill the prefill worker that has the request, while it is prefilling.
+  Worker* busy = nullptr;
+  for (int i = 0; i < 2000 && busy == nullptr; ++i) {
+    for (Worker& w : *prefill_) {
+      if (QueuedPrefillTokens(w.port) > 0) busy = &w;
+    }
+    if (busy == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_NE(busy, nullptr) << "no prefill worker reported the request";
+  busy->process.Kill(SIGKILL);
+  request.join();
+  if (result.ok()) {
+    EXPECT_EQ(result->token_ids, OfflineIds(prompt, 8));
+  } else {
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable) << result.status();
+  }
+  EXPECT_TRUE(AllPagesFree(10));
+  // The router keeps serving on the surviving prefill worker.
+  auto after = client->GenerateUnary(Greedy("still serving", 4));
+  EXPECT_TRUE(after.ok()) << after.status();
+}
+
+}  // namespace
+}  // namespace tokenselect::testing
