@@ -2,8 +2,9 @@
 // over 4 KV heads, intermediate 2560, vocab 32000, tied embeddings):
 //   prefill tokens/s: one 512-token prompt chunk (dense attention);
 //   decode tokens/s:  single-token forward passes after the prompt (median of --decode_steps);
-//   the memory-bound limit of decode: fp32 weight bytes read per token over the measured memcpy
-//   bandwidth (a 1 GiB buffer, counting bytes read + written), and achieved / limit.
+//   the memory-bound limit of decode: fp32 weight bytes read per token over the measured copy
+//   bandwidth (2 GiB, the same OpenMP threads, counting bytes read + written), and achieved /
+//   limit. Weights that fit in a large L3 can beat this limit; the report prints their size.
 // Numbers depend on the machine and its load; quote them with the machine and thread count.
 #include <omp.h>
 
@@ -47,14 +48,27 @@ ModelConfig Config125M() {
   return c;
 }
 
-// memcpy bandwidth in bytes/s, counting read + write, best of several copies of 1 GiB.
+// Copy bandwidth in bytes/s, counting read + write, best of several copies of 2 GiB (far beyond
+// any L3) split over the same OpenMP threads the forward pass uses.
 double MemcpyBandwidth() {
-  const size_t bytes = size_t{1} << 30;
-  std::vector<char> a(bytes, 1), b(bytes, 2);
+  const size_t bytes = size_t{2} << 30;
+  std::vector<char> a(bytes), b(bytes);
+  const int threads = omp_get_max_threads();
+  const size_t slice = (bytes + threads - 1) / threads;
+#pragma omp parallel for
+  for (int t = 0; t < threads; ++t) {  // first touch by the copying thread
+    const size_t begin = std::min(bytes, t * slice), end = std::min(bytes, begin + slice);
+    std::memset(a.data() + begin, 1, end - begin);
+    std::memset(b.data() + begin, 2, end - begin);
+  }
   double best = 0;
   for (int i = 0; i < 5; ++i) {
     const common::Stopwatch w;
-    std::memcpy(b.data(), a.data(), bytes);
+#pragma omp parallel for
+    for (int t = 0; t < threads; ++t) {
+      const size_t begin = std::min(bytes, t * slice), end = std::min(bytes, begin + slice);
+      std::memcpy(b.data() + begin, a.data() + begin, end - begin);
+    }
     best = std::max(best, 2.0 * bytes / w.ElapsedSeconds());
   }
   if (b[12345] != 1) std::printf("memcpy check failed\n");
@@ -115,7 +129,8 @@ int Run() {
   const double limit_tok_s = bandwidth / weight_bytes;
   std::printf("model: dummy Llama %.1fM parameters (fp32 %.0f MiB), %d threads\n", params / 1e6,
               weight_bytes / (1 << 20), omp_get_max_threads());
-  std::printf("memcpy bandwidth (read+write): %.1f GB/s\n", bandwidth / 1e9);
+  std::printf("copy bandwidth (read+write, %d threads): %.1f GB/s\n", omp_get_max_threads(),
+              bandwidth / 1e9);
   std::printf("%-28s %12s %14s\n", "measure", "value", "note");
   std::printf("%-28s %12.1f %14s\n", "prefill tokens/s", prompt / prefill_s,
               (std::to_string(prompt) + " tokens").c_str());

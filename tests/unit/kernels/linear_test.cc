@@ -1,5 +1,7 @@
 // cpu::Linear (kernels/cpu/linear.cc): y = x W^T (+ b), W in nn.Linear [out, in] layout, against
 // a double loop; covers the sgemv (m == 1) and sgemm paths, odd sizes and k == 0.
+#include <omp.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -35,6 +37,26 @@ TEST(LinearTest, MatchesReference) {
         }
       }
     }
+  }
+}
+
+TEST(LinearTest, ResultsDoNotDependOnTheThreadCount) {
+  // Column blocks have a fixed size, so every output is the same BLAS call whatever the number
+  // of OpenMP threads: bit-identical results for decode (m = 1) and prefill shapes, odd n.
+  std::mt19937 rng(11);
+  for (int64_t m : {1, 37}) {
+    const int64_t k = 300, n = 1031;
+    const std::vector<float> x = testing::RandomVector(static_cast<size_t>(m * k), rng);
+    const std::vector<float> w = testing::RandomVector(static_cast<size_t>(n * k), rng);
+    const std::vector<float> b = testing::RandomVector(static_cast<size_t>(n), rng);
+    std::vector<float> one(static_cast<size_t>(m * n)), many(static_cast<size_t>(m * n));
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    cpu::Linear(one.data(), x.data(), w.data(), b.data(), m, k, n);
+    omp_set_num_threads(4);
+    cpu::Linear(many.data(), x.data(), w.data(), b.data(), m, k, n);
+    omp_set_num_threads(saved);
+    EXPECT_EQ(one, many) << "m=" << m;
   }
 }
 
