@@ -12,15 +12,29 @@ namespace tokenselect::clients {
 namespace {
 
 absl::StatusOr<v1::SelectionPolicy> PolicyFromName(const std::string& name) {
+  // The names of engine::PolicyName, in the order of tokenselect.v1.SelectionPolicy.
+  static constexpr struct {
+    const char* name;
+    v1::SelectionPolicy policy;
+  } kPolicies[] = {
+      {"tokenselect", v1::SELECTION_POLICY_TOKENSELECT},
+      {"topk", v1::SELECTION_POLICY_TOPK},
+      {"head_vote", v1::SELECTION_POLICY_HEAD_VOTE},
+      {"dense", v1::SELECTION_POLICY_DENSE},
+      {"streaming", v1::SELECTION_POLICY_STREAMING},
+      {"tokenselect_span", v1::SELECTION_POLICY_TOKENSELECT_SPAN},
+      {"infllm", v1::SELECTION_POLICY_INFLLM},
+      {"quest", v1::SELECTION_POLICY_QUEST},
+      {"cascade", v1::SELECTION_POLICY_CASCADE},
+  };
   if (name.empty()) return v1::SELECTION_POLICY_UNSPECIFIED;
-  if (name == "tokenselect") return v1::SELECTION_POLICY_TOKENSELECT;
-  if (name == "topk") return v1::SELECTION_POLICY_TOPK;
-  if (name == "head_vote") return v1::SELECTION_POLICY_HEAD_VOTE;
-  if (name == "dense") return v1::SELECTION_POLICY_DENSE;
-  if (name == "streaming") return v1::SELECTION_POLICY_STREAMING;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "selection.policy must be tokenselect, topk, head_vote, dense or streaming, got '", name,
-      "'"));
+  for (const auto& p : kPolicies) {
+    if (name == p.name) return p.policy;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("selection.policy must be tokenselect, topk, head_vote, dense, streaming, "
+                   "tokenselect_span, infllm, quest or cascade, got '",
+                   name, "'"));
 }
 
 const char* FinishReasonName(v1::FinishReason reason) {

@@ -55,8 +55,9 @@ struct Sampling {
   int32_t top_logprobs = 0;
 };
 
-// Mirrors tokenselect.v1.SelectionParams; `policy` is "", "tokenselect", "topk", "head_vote",
-// "dense" or "streaming" ("" keeps the server's).
+// Mirrors tokenselect.v1.SelectionParams; `policy` is "" (keeps the server's) or one of
+// "tokenselect", "topk", "head_vote", "dense", "streaming", "tokenselect_span", "infllm",
+// "quest", "cascade" (every value of tokenselect.v1.SelectionPolicy).
 struct Selection {
   std::string policy;
   std::optional<int64_t> k, n_init, n_local, chunk_size;

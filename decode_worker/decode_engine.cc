@@ -44,6 +44,12 @@ class Session {
   std::vector<int32_t> generated;
   common::Stopwatch decode_clock;
   double kv_wait_seconds = 0;
+  // Metrics (the loop thread's, except since_ready which FinishKv resets under mu_).
+  common::Stopwatch since_ready;
+  common::Stopwatch since_token;
+  const DecodeMetrics::Policy* policy_metrics = nullptr;
+  int64_t layer_steps_seen = 0;
+  double selection_seconds_seen = 0;
 
   // Ignores everything after the first terminal event.
   void Push(DecodeEvent event) {
@@ -68,6 +74,23 @@ class Session {
 };
 
 namespace {
+
+// A decode step's metrics: the selection time per layer (the step's mean over its layers, one
+// observation per step) and the inter-token gap.
+void RecordStep(DecodeMetrics* metrics, Session* s) {
+  const engine::SelectionStats& stats = s->attention->stats();
+  const int64_t layer_steps = stats.layer_steps - s->layer_steps_seen;
+  if (layer_steps > 0) {
+    s->policy_metrics->selection_seconds->Observe(
+        (stats.selection_seconds - s->selection_seconds_seen) / static_cast<double>(layer_steps));
+  }
+  s->layer_steps_seen = stats.layer_steps;
+  s->selection_seconds_seen = stats.selection_seconds;
+  if (metrics->inter_token() != nullptr) {
+    metrics->inter_token()->Observe(s->since_token.ElapsedSeconds());
+    s->since_token.Reset();
+  }
+}
 
 DecodeEvent ErrorEvent(absl::Status status) {
   DecodeEvent event;
@@ -103,6 +126,12 @@ DecodeEngine::DecodeEngine(const engine::Model* model, const tokenizer::Tokenize
       clock_(options.clock != nullptr ? options.clock : common::Clock::Real()) {
   for (int64_t id : model_->config().eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   for (int32_t id : tokenizer_->eos_ids()) eos_ids_.push_back(id);
+  if (options.metrics != nullptr) {
+    metrics_ = std::make_unique<DecodeMetrics>(*options.metrics, model_->config().num_layers,
+                                               options.record_inter_token);
+    absl::MutexLock lock(&mu_);
+    PublishLoad();
+  }
   std::sort(eos_ids_.begin(), eos_ids_.end());
   eos_ids_.erase(std::unique(eos_ids_.begin(), eos_ids_.end()), eos_ids_.end());
   loop_ = std::thread([this] { LoopThread(); });
@@ -162,6 +191,7 @@ absl::StatusOr<DecodeStream> DecodeEngine::Admit(DecodeSpec spec) {
     s->reservation.lease_expires = s->lease_expires;
     s->spec = std::move(spec);
     sessions_[s->spec.request_id] = s;
+    PublishLoad();
   }
   return DecodeStream(s);
 }
@@ -188,6 +218,10 @@ void DecodeEngine::End(const std::shared_ptr<Session>& s, DecodeEvent event) {
     absl::MutexLock kv_lock(&s->kv_mu);
     s->receiver.reset();
     if (s->table) s->table->Release();
+  }
+  if (metrics_ != nullptr) {
+    absl::MutexLock lock(&mu_);
+    PublishLoad();
   }
   s->Push(std::move(event));
 }
@@ -254,6 +288,7 @@ absl::StatusOr<engine::KvPushStats> DecodeEngine::FinishKv(const std::string& re
   if (s->state != Session::State::kReserved) return absl::CancelledError("request ended");
   s->state = Session::State::kReady;
   s->kv_wait_seconds = s->since_admit.ElapsedSeconds();
+  s->since_ready.Reset();
   ready_.push_back(s);
   return stats;
 }
@@ -314,6 +349,11 @@ void DecodeEngine::StartRunning(const std::shared_ptr<Session>& s) {
       engine::SelectionAttention::Create(s->spec.selection, model_->config().num_layers);
   if (!attention.ok()) return fail(attention.status());
   s->attention = std::move(attention).value();
+  if (metrics_ != nullptr) {
+    metrics_->queue_time().Observe(s->since_ready.ElapsedSeconds());
+    s->policy_metrics = &metrics_->ForPolicy(s->spec.selection.policy);
+    s->since_token.Reset();
+  }
   engine::SamplingParams params = s->spec.sampling;
   params.seed = s->final.seed;
   absl::StatusOr<engine::Sampler> sampler =
@@ -361,6 +401,7 @@ void DecodeEngine::Step(const std::shared_ptr<Session>& s) {
     event.tokens.push_back({sample->token_id, sample->logprob, std::move(sample->top_logprobs)});
     event.text = std::move(checked->text);
     s->Push(std::move(event));
+    if (s->policy_metrics != nullptr) RecordStep(metrics_.get(), s.get());
   }
   if (s->stop->finished()) {
     DecodeEvent final;
@@ -397,6 +438,9 @@ void DecodeEngine::LoopThread() {
     }
     auto finished = [](const std::shared_ptr<Session>& s) {
       if (!s->done) return false;
+      if (s->policy_metrics != nullptr && s->attention != nullptr) {
+        DecodeMetrics::RecordCache(*s->policy_metrics, *s->attention);
+      }
       absl::MutexLock kv_lock(&s->kv_mu);
       if (s->table) s->table->Release();
       return true;
@@ -404,6 +448,7 @@ void DecodeEngine::LoopThread() {
     running_.erase(std::remove_if(running_.begin(), running_.end(), finished), running_.end());
     absl::MutexLock lock(&mu_);
     num_running_ = static_cast<int64_t>(running_.size());
+    PublishLoad();
   }
   for (const auto& s : running_) {
     End(s, ErrorEvent(absl::UnavailableError("decode worker shut down")));
@@ -435,6 +480,16 @@ void DecodeEngine::Shutdown(absl::Duration grace) {
   }
   if (loop_.joinable()) loop_.join();
   if (lease_.joinable()) lease_.join();
+}
+
+void DecodeEngine::PublishLoad() {
+  if (metrics_ == nullptr) return;
+  const int64_t total = pool_->num_pages();
+  // A running request that just ended has left sessions_ but not yet num_running_ (the loop
+  // updates it after the step): clamp the difference.
+  const int64_t waiting =
+      std::max<int64_t>(0, static_cast<int64_t>(sessions_.size()) - num_running_);
+  metrics_->load().Set(num_running_, waiting, total - pool_->num_free_pages(), total);
 }
 
 DecodeLoad DecodeEngine::Load() const {

@@ -36,6 +36,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/metrics/tokenselect_metrics.h"
+#include "decode_worker/decode_metrics.h"
 #include "engine/kvcache/page_pool.h"
 #include "engine/model/model.h"
 #include "engine/sampling/finish_reason.h"
@@ -56,6 +58,11 @@ struct DecodeEngineOptions {
   absl::Duration lease_timeout = absl::Seconds(30);
   common::Clock* clock = nullptr;  // common::Clock::Real() when null
   int64_t max_running = 256;       // running + waiting requests; more is ResourceExhausted
+  // Where the engine records its metrics (decode_metrics.h); null: none. Must outlive the engine.
+  const common::metrics::TokenSelectMetrics* metrics = nullptr;
+  // Also record tokenselect_inter_token_latency_seconds (off when a router records it into the
+  // same registry, as in all-in-one).
+  bool record_inter_token = true;
 };
 
 // A tokenized request, translated from the wire.
@@ -170,6 +177,8 @@ class DecodeEngine {
   void ResetKv(const std::shared_ptr<Session>& s);
   void StartRunning(const std::shared_ptr<Session>& s);
   void Step(const std::shared_ptr<Session>& s);
+  // Publishes the load gauges (no-op without metrics).
+  void PublishLoad() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const engine::Model* model_;
   const tokenizer::Tokenizer* tokenizer_;
@@ -177,6 +186,7 @@ class DecodeEngine {
   const DecodeEngineOptions options_;
   common::Clock* clock_;
   std::vector<int32_t> eos_ids_;
+  std::unique_ptr<DecodeMetrics> metrics_;  // null without options.metrics
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

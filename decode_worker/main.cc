@@ -10,8 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/metrics/metrics_server.h"
+#include "common/metrics/tokenselect_metrics.h"
 #include "decode_worker/decode_worker.h"
 #include "engine/selection/selection_options.h"
+#include "rpc/credentials.h"
 
 ABSL_FLAG(std::string, model, "", "model directory (config.json, *.safetensors, tokenizer.json)");
 ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy");
@@ -31,6 +34,14 @@ ABSL_FLAG(int64_t, selection_n_local, 512, "default recent-window tokens");
 ABSL_FLAG(double, selection_theta, 0.9, "default selection-cache cosine threshold");
 ABSL_FLAG(int64_t, prefill_chunk_size, 512, "default prefill chunk size in tokens");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000, "on SIGTERM, time given to running requests");
+ABSL_FLAG(int32_t, metrics_port, 0, "Prometheus /metrics port (0: no metrics endpoint)");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint listens on");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate: serve TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that verifies client certificates (--tls_require_client_cert)");
+ABSL_FLAG(bool, tls_require_client_cert, true,
+          "with TLS on, refuse callers without a certificate signed by --tls_ca (mutual TLS)");
 
 int main(int argc, char** argv) {
   auto args = tokenselect::common::ParseFlags(
@@ -58,6 +69,20 @@ int main(int argc, char** argv) {
   options.engine.page_size = absl::GetFlag(FLAGS_page_size);
   options.engine.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
   options.engine.max_running = absl::GetFlag(FLAGS_max_running);
+  options.engine.metrics = &tokenselect::common::metrics::TokenSelectMetrics::Default();
+  auto tls = tokenselect::rpc::TlsOptionsFromFlags(
+      absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca));
+  if (!tls.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(tls.status().message()).c_str());
+    return 2;
+  }
+  tls->require_client_cert = tls->enabled && absl::GetFlag(FLAGS_tls_require_client_cert);
+  auto credentials = tokenselect::rpc::MakeServerCredentials(*tls);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(credentials.status().message()).c_str());
+    return 2;
+  }
+  options.credentials = *credentials;
   auto policy = tokenselect::engine::ParsePolicy(absl::GetFlag(FLAGS_selection_policy));
   if (!policy.ok()) {
     std::fprintf(stderr, "%s\n", std::string(policy.status().message()).c_str());
@@ -73,6 +98,12 @@ int main(int argc, char** argv) {
       !valid.ok()) {
     std::fprintf(stderr, "%s\n", std::string(valid.message()).c_str());
     return 2;
+  }
+  auto metrics_server = tokenselect::common::metrics::StartMetricsServerIfEnabled(
+      absl::GetFlag(FLAGS_metrics_port), absl::GetFlag(FLAGS_metrics_host));
+  if (!metrics_server.ok()) {
+    TS_LOG(ERROR, "decode worker: metrics: {}", metrics_server.status().ToString());
+    return 1;
   }
   auto worker = tokenselect::decode_worker::StartDecodeWorker(options);
   if (!worker.ok()) {

@@ -10,8 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/metrics/metrics_server.h"
+#include "common/metrics/tokenselect_metrics.h"
 #include "engine/selection/selection_options.h"
 #include "prefill_worker/prefill_worker.h"
+#include "rpc/credentials.h"
 
 ABSL_FLAG(std::string, model, "", "model directory (config.json, *.safetensors, tokenizer.json)");
 ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy");
@@ -32,6 +35,20 @@ ABSL_FLAG(int64_t, selection_n_local, 512, "default recent-window tokens");
 ABSL_FLAG(double, selection_theta, 0.9, "default selection-cache cosine threshold");
 ABSL_FLAG(int64_t, prefill_chunk_size, 512, "default prefill chunk size in tokens");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000, "on SIGTERM, time given to running requests");
+ABSL_FLAG(int32_t, metrics_port, 0, "Prometheus /metrics port (0: no metrics endpoint)");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint listens on");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate: serve TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that verifies client certificates (--tls_require_client_cert) and the decode "
+          "workers' certificates (--kv_tls)");
+ABSL_FLAG(bool, tls_require_client_cert, true,
+          "with TLS on, refuse callers without a certificate signed by --tls_ca (mutual TLS)");
+ABSL_FLAG(bool, kv_tls, true,
+          "with --tls_* set, push K/V to the decode workers over mutual TLS with the same "
+          "certificate, key and CA (false: plaintext KV channel)");
+ABSL_FLAG(std::string, kv_tls_server_name, "",
+          "name checked against decode worker certificates instead of their addresses");
 
 int main(int argc, char** argv) {
   auto args = tokenselect::common::ParseFlags(
@@ -61,6 +78,31 @@ int main(int argc, char** argv) {
   options.engine.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.engine.kv.max_block_bytes = absl::GetFlag(FLAGS_kv_block_bytes);
   options.engine.kv.checksum = options.engine.kv.checksum || absl::GetFlag(FLAGS_kv_checksum);
+  options.engine.metrics = &tokenselect::common::metrics::TokenSelectMetrics::Default();
+  auto tls = tokenselect::rpc::TlsOptionsFromFlags(
+      absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca));
+  if (!tls.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(tls.status().message()).c_str());
+    return 2;
+  }
+  tokenselect::rpc::TlsOptions server_tls = *tls;
+  server_tls.require_client_cert = tls->enabled && absl::GetFlag(FLAGS_tls_require_client_cert);
+  auto credentials = tokenselect::rpc::MakeServerCredentials(server_tls);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(credentials.status().message()).c_str());
+    return 2;
+  }
+  options.credentials = *credentials;
+  if (tls->enabled && absl::GetFlag(FLAGS_kv_tls)) {
+    tokenselect::rpc::TlsOptions kv_tls = *tls;
+    kv_tls.server_name_override = absl::GetFlag(FLAGS_kv_tls_server_name);
+    auto kv_credentials = tokenselect::rpc::MakeChannelCredentials(kv_tls);
+    if (!kv_credentials.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(kv_credentials.status().message()).c_str());
+      return 2;
+    }
+    options.kv_channel_credentials = *kv_credentials;
+  }
   auto policy = tokenselect::engine::ParsePolicy(absl::GetFlag(FLAGS_selection_policy));
   if (!policy.ok()) {
     std::fprintf(stderr, "%s\n", std::string(policy.status().message()).c_str());
@@ -76,6 +118,12 @@ int main(int argc, char** argv) {
       !valid.ok()) {
     std::fprintf(stderr, "%s\n", std::string(valid.message()).c_str());
     return 2;
+  }
+  auto metrics_server = tokenselect::common::metrics::StartMetricsServerIfEnabled(
+      absl::GetFlag(FLAGS_metrics_port), absl::GetFlag(FLAGS_metrics_host));
+  if (!metrics_server.ok()) {
+    TS_LOG(ERROR, "prefill worker: metrics: {}", metrics_server.status().ToString());
+    return 1;
   }
   auto worker = tokenselect::prefill_worker::StartPrefillWorker(options);
   if (!worker.ok()) {

@@ -59,6 +59,11 @@ PrefillEngine::PrefillEngine(const engine::Model* model, engine::KvTransport* tr
       pool_(std::move(pool)),
       options_(opts),
       clock_(opts.clock != nullptr ? opts.clock : common::Clock::Real()) {
+  if (opts.metrics != nullptr) {
+    metrics_ = std::make_unique<PrefillMetrics>(*opts.metrics);
+    absl::MutexLock lock(&mu_);
+    PublishLoad();
+  }
   for (int i = 0; i < std::max(1, opts.num_threads); ++i) {
     threads_.emplace_back([this] { WorkerThread(); });
   }
@@ -114,6 +119,7 @@ absl::StatusOr<PrefillHandle> PrefillEngine::Submit(PrefillSpec spec) {
   jobs_[job->spec.request_id] = job;
   queue_.push_back(job);
   queued_tokens_ += static_cast<int64_t>(job->spec.prompt.size());
+  PublishLoad();
   return PrefillHandle(job);
 }
 
@@ -136,6 +142,7 @@ void PrefillEngine::Complete(const std::shared_ptr<PrefillJob>& job,
     auto it = jobs_.find(job->spec.request_id);
     if (it != jobs_.end() && it->second == job) jobs_.erase(it);
     queued_tokens_ -= static_cast<int64_t>(job->spec.prompt.size());
+    PublishLoad();
   }
   absl::MutexLock lock(&job->mu);
   job->result = std::move(result);
@@ -154,6 +161,7 @@ void PrefillEngine::WorkerThread() {
       job = queue_.front();
       queue_.pop_front();
       ++running_;
+      PublishLoad();
     }
     absl::StatusOr<PrefillResult> result = Run(job.get(), &workspace);
     if (!result.ok() && job->cancelled) result = job->CancelStatus();
@@ -163,6 +171,7 @@ void PrefillEngine::WorkerThread() {
     Complete(job, std::move(result));
     absl::MutexLock lock(&mu_);
     --running_;
+    PublishLoad();
   }
 }
 
@@ -170,6 +179,7 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::Forwar
   const PrefillSpec& spec = job->spec;
   PrefillResult result;
   result.queue_seconds = job->since_submit.ElapsedSeconds();
+  if (metrics_ != nullptr) metrics_->queue_time().Observe(result.queue_seconds);
   result.prompt_tokens = static_cast<int64_t>(spec.prompt.size());
   auto check_alive = [&]() -> absl::Status {
     if (job->cancelled) return job->CancelStatus();
@@ -184,6 +194,10 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::Forwar
   // Pages first, then the stream: a worker without room fails before touching the receiver.
   engine::TokenTable table(pool_.get(), spec.request_id);
   RETURN_IF_ERROR(table.Reserve(result.prompt_tokens));
+  if (metrics_ != nullptr) {
+    absl::MutexLock lock(&mu_);
+    PublishLoad();  // the pages just reserved
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<engine::SelectionAttention> attention,
                    engine::SelectionAttention::Create(spec.selection, model_->config().num_layers));
   ASSIGN_OR_RETURN(
@@ -211,12 +225,25 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::Forwar
   request.attention = attention.get();
   const int64_t n = result.prompt_tokens;
   const common::Stopwatch transfer;
+  common::metrics::Histogram* selection_seconds =
+      metrics_ != nullptr ? &metrics_->SelectionSeconds(spec.selection.policy) : nullptr;
   for (int64_t begin = 0; begin < n; begin += spec.selection.chunk_size) {
     RETURN_IF_ERROR(check_alive());
     const int64_t end = std::min(n, begin + spec.selection.chunk_size);
     request.tokens = absl::MakeConstSpan(spec.prompt).subspan(begin, end - begin);
     request.logits = end == n ? engine::LogitsRows::kLast : engine::LogitsRows::kNone;
+    const common::Stopwatch chunk;
+    const engine::SelectionStats before = attention->stats();
     RETURN_IF_ERROR(model_->Forward(request, ws, &logits));
+    if (metrics_ != nullptr) {
+      metrics_->chunk_seconds().Observe(chunk.ElapsedSeconds());
+      const engine::SelectionStats& after = attention->stats();
+      const int64_t layer_steps = after.layer_steps - before.layer_steps;
+      if (layer_steps > 0) {
+        selection_seconds->Observe((after.selection_seconds - before.selection_seconds) /
+                                   static_cast<double>(layer_steps));
+      }
+    }
     // This chunk's K/V (all layers) goes out while the next chunk is computed.
     RETURN_IF_ERROR(sender.SendChunk(table, begin, end));
   }
@@ -262,6 +289,13 @@ void PrefillEngine::Shutdown(absl::Duration grace) {
   for (std::thread& t : threads_) {
     if (t.joinable()) t.join();
   }
+}
+
+void PrefillEngine::PublishLoad() {
+  if (metrics_ == nullptr) return;
+  const int64_t total = pool_->num_pages();
+  metrics_->load().Set(running_, static_cast<int64_t>(queue_.size()),
+                       total - pool_->num_free_pages(), total);
 }
 
 PrefillLoad PrefillEngine::Load() const {

@@ -26,12 +26,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/metrics/tokenselect_metrics.h"
 #include "engine/kvcache/page_pool.h"
 #include "engine/model/model.h"
 #include "engine/sampling/sampling_params.h"
 #include "engine/selection/selection_options.h"
 #include "engine/transfer/kv_format.h"
 #include "engine/transfer/kv_transport.h"
+#include "prefill_worker/prefill_metrics.h"
 
 namespace tokenselect::prefill_worker {
 
@@ -42,6 +44,9 @@ struct PrefillEngineOptions {
   int64_t max_queued = 64;         // queued + running jobs; more is ResourceExhausted
   engine::KvSenderOptions kv;      // block size, checksum, pipeline depth
   common::Clock* clock = nullptr;  // deadlines; common::Clock::Real() when null
+  // Where the engine records its metrics (prefill_metrics.h); null: none. Must outlive the
+  // engine. The worker also meters its KV transport with it (metered_kv_transport.h).
+  const common::metrics::TokenSelectMetrics* metrics = nullptr;
 };
 
 // A tokenized request plus where its K/V goes.
@@ -124,12 +129,15 @@ class PrefillEngine {
   void WorkerThread();
   absl::StatusOr<PrefillResult> Run(PrefillJob* job, engine::ForwardWorkspace* ws);
   void Complete(const std::shared_ptr<PrefillJob>& job, absl::StatusOr<PrefillResult> result);
+  // Publishes the load gauges (no-op without metrics).
+  void PublishLoad() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const engine::Model* model_;
   engine::KvTransport* transport_;
   std::unique_ptr<engine::PagePool> pool_;
   const PrefillEngineOptions options_;
   common::Clock* clock_;
+  std::unique_ptr<PrefillMetrics> metrics_;  // null without options.metrics
 
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<PrefillJob>> queue_ ABSL_GUARDED_BY(mu_);

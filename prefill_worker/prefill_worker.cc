@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prefill_worker/kv_push_service.h"
+#include "prefill_worker/metered_kv_transport.h"
 #include "prefill_worker/prefill_service.h"
 
 namespace tokenselect::prefill_worker {
@@ -30,6 +31,12 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> StartPrefillWorker(
   if (transport == nullptr) {
     w->owned_transport_ = NewGrpcKvTransport(options.kv_channel_credentials);
     transport = w->owned_transport_.get();
+  }
+  if (options.engine.metrics != nullptr) {
+    // Every transport this worker has moves K/V through host memory today (docs/metrics.md).
+    w->metered_transport_ =
+        NewMeteredKvTransport(transport, *options.engine.metrics, common::metrics::kTransportHost);
+    transport = w->metered_transport_.get();
   }
   ASSIGN_OR_RETURN(w->engine_, PrefillEngine::Create(model, transport, options.engine));
   w->service_ = NewPrefillService(w->engine_.get(),

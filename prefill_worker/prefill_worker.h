@@ -66,6 +66,7 @@ class PrefillWorker {
 
   engine::LoadedModel owned_;
   std::unique_ptr<engine::KvTransport> owned_transport_;
+  std::unique_ptr<engine::KvTransport> metered_transport_;  // with engine.metrics
   std::unique_ptr<PrefillEngine> engine_;
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;

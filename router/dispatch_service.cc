@@ -130,6 +130,20 @@ int64_t FreeTokens(const WorkerSnapshot& w) {
   return w.load.free_kv_pages * std::max<int64_t>(1, w.load.page_size) - w.inflight_tokens;
 }
 
+// Token metrics of one token message: `n` tokens arrived at `now` (seconds since arrival);
+// `*last` is when the previous message arrived (< 0: none yet). The first message observes TTFT,
+// later ones the gap since the previous message, split evenly over its tokens.
+void RecordTokens(const RouterMetrics& metrics, int n, double now, double* last) {
+  metrics.generation_tokens().Increment(n);
+  if (*last < 0) {
+    metrics.ttft().Observe(now);
+  } else {
+    const double gap = (now - *last) / n;
+    for (int i = 0; i < n; ++i) metrics.inter_token().Observe(gap);
+  }
+  *last = now;
+}
+
 }  // namespace
 
 LoadProbe Dispatcher::MakeLoadProbe() {
@@ -254,9 +268,13 @@ absl::Status Dispatcher::Run(grpc::ServerContext* server_context, const RequestS
     }
 
     // Relay the decode stream.
+    if (metrics_ != nullptr) {
+      metrics_->prompt_tokens().Increment(static_cast<double>(prompt_tokens));
+    }
     StreamEvent event;
     int64_t completion_tokens = 0;
     double ttft = -1;
+    double last_token = -1;  // since arrival, of the previous token message
     bool finished = false;
     v1::DecodeResponse message;
     while (decode.reader->Read(&message)) {
@@ -267,7 +285,11 @@ absl::Status Dispatcher::Run(grpc::ServerContext* server_context, const RequestS
         event.token_ids.assign(t.token_ids().begin(), t.token_ids().end());
         CopyLogprobs(t.logprobs(), &event.logprobs);
         completion_tokens += t.token_ids_size();
-        if (ttft < 0 && !event.token_ids.empty()) ttft = since_arrival();
+        if (!event.token_ids.empty()) {
+          const double now = since_arrival();
+          if (ttft < 0) ttft = now;
+          if (metrics_ != nullptr) RecordTokens(*metrics_, t.token_ids_size(), now, &last_token);
+        }
       } else if (message.has_final()) {
         const v1::DecodeFinal& f = message.final();
         event.final = true;
@@ -279,6 +301,7 @@ absl::Status Dispatcher::Run(grpc::ServerContext* server_context, const RequestS
         event.timings.queue_seconds = queue_seconds;
         event.timings.ttft_seconds = ttft < 0 ? since_arrival() : ttft;
         event.timings.total_seconds = since_arrival();
+        if (metrics_ != nullptr) metrics_->e2e().Observe(event.timings.total_seconds);
         event.timings.prefill_seconds = prefill_response.prefill_seconds();
       } else {
         continue;  // a second reservation would be a protocol error; ignore it

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
 #include "router/request_spec.h"
+#include "router/router_metrics.h"
 #include "router/worker_registry.h"
 
 namespace tokenselect::router {
@@ -33,11 +34,14 @@ using EmitFn = std::function<bool(const StreamEvent&)>;
 
 class Dispatcher {
  public:
-  // `registry` must outlive the dispatcher.
-  explicit Dispatcher(WorkerRegistry* registry) : registry_(registry) {}
+  // `registry` and `metrics` (null: no metrics) must outlive the dispatcher.
+  explicit Dispatcher(WorkerRegistry* registry, const RouterMetrics* metrics = nullptr)
+      : registry_(registry), metrics_(metrics) {}
 
   // Runs `spec`; `server_context` (may be null in tests) is the parent of the worker calls.
-  // `arrival` is when the request arrived (for queue and TTFT timings). Errors: UNAVAILABLE (no
+  // `arrival` is when the request arrived (for queue and TTFT timings). Records TTFT,
+  // inter-token and end-to-end latency and the token counters (not the outcome: the caller
+  // knows the final status). Errors: UNAVAILABLE (no
   // healthy worker of a kind, or a worker lost), RESOURCE_EXHAUSTED (every decode worker full),
   // the workers' INVALID_ARGUMENT / DEADLINE_EXCEEDED / CANCELLED.
   absl::Status Run(grpc::ServerContext* server_context, const RequestSpec& spec, absl::Time arrival,
@@ -48,6 +52,7 @@ class Dispatcher {
 
  private:
   WorkerRegistry* registry_;
+  const RouterMetrics* metrics_;
 };
 
 }  // namespace tokenselect::router

@@ -89,12 +89,14 @@ class GenerationService final : public v1::Generation::Service {
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override {
     const absl::Time arrival = absl::Now();
-    RETURN_GRPC_IF_ERROR(Authorize(*context));
+    RETURN_GRPC_IF_ERROR(CountedIfError(Authorize(*context)));
     absl::StatusOr<RequestSpec> spec = BuildSpec(*request);
-    if (!spec.ok()) return rpc::ToGrpcStatus(spec.status());
+    if (!spec.ok()) return rpc::ToGrpcStatus(CountedIfError(spec.status()));
     const RequestSpec& s = *spec;
+    FinishReasonCode finish = FinishReasonCode::kUnspecified;
     const absl::Status status =
         options_.dispatcher->Run(context, s, arrival, [&](const StreamEvent& event) {
+          if (event.final) finish = event.finish_reason;
           v1::GenerateResponse response;
           response.set_request_id(s.request_id);
           response.set_text(event.text);
@@ -112,6 +114,7 @@ class GenerationService final : public v1::Generation::Service {
           }
           return writer->Write(response);
         });
+    Counted(status, finish);
     LogOutcome(s, status);
     return rpc::ToGrpcStatus(status);
   }
@@ -119,16 +122,18 @@ class GenerationService final : public v1::Generation::Service {
   grpc::Status GenerateUnary(grpc::ServerContext* context, const v1::GenerateRequest* request,
                              v1::GenerateUnaryResponse* response) override {
     const absl::Time arrival = absl::Now();
-    RETURN_GRPC_IF_ERROR(Authorize(*context));
+    RETURN_GRPC_IF_ERROR(CountedIfError(Authorize(*context)));
     absl::StatusOr<RequestSpec> spec = BuildSpec(*request);
-    if (!spec.ok()) return rpc::ToGrpcStatus(spec.status());
+    if (!spec.ok()) return rpc::ToGrpcStatus(CountedIfError(spec.status()));
     response->set_request_id(spec->request_id);
+    FinishReasonCode finish = FinishReasonCode::kUnspecified;
     const absl::Status status =
         options_.dispatcher->Run(context, *spec, arrival, [&](const StreamEvent& event) {
           response->mutable_text()->append(event.text);
           response->mutable_token_ids()->Add(event.token_ids.begin(), event.token_ids.end());
           for (const LogprobSpec& l : event.logprobs) ToProto(l, response->add_logprobs());
           if (event.final) {
+            finish = event.finish_reason;
             response->set_finish_reason(static_cast<v1::FinishReason>(event.finish_reason));
             response->mutable_usage()->set_prompt_tokens(event.usage.prompt_tokens);
             response->mutable_usage()->set_completion_tokens(event.usage.completion_tokens);
@@ -138,6 +143,7 @@ class GenerationService final : public v1::Generation::Service {
           }
           return !context->IsCancelled();
         });
+    Counted(status, finish);
     LogOutcome(*spec, status);
     return rpc::ToGrpcStatus(status);
   }
@@ -188,6 +194,16 @@ class GenerationService final : public v1::Generation::Service {
   }
 
  private:
+  // Counts a finished Generate / GenerateUnary call in tokenselect_requests_total.
+  void Counted(const absl::Status& status, FinishReasonCode finish) const {
+    if (options_.metrics != nullptr) options_.metrics->RecordRequest(status, finish);
+  }
+  // Counts a call refused before dispatch (authentication, validation); returns `status`.
+  const absl::Status& CountedIfError(const absl::Status& status) const {
+    if (!status.ok()) Counted(status, FinishReasonCode::kUnspecified);
+    return status;
+  }
+
   absl::Status Authorize(const grpc::ServerContext& context) const {
     if (!options_.api_keys.enabled()) return absl::OkStatus();
     const auto& metadata = context.client_metadata();

@@ -17,6 +17,7 @@ struct GenerationServiceOptions {
   const ServedModel* model = nullptr;      // must outlive the service
   const Dispatcher* dispatcher = nullptr;  // must outlive the service
   rpc::ApiKeys api_keys;                   // empty: no authentication
+  const RouterMetrics* metrics = nullptr;  // requests by outcome; null: none recorded
 };
 
 std::unique_ptr<grpc::Service> NewGenerationService(GenerationServiceOptions options);

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/metrics/metrics_server.h"
+#include "common/metrics/tokenselect_metrics.h"
 #include "router/router_server.h"
 #include "router/worker_registry.h"
 #include "rpc/credentials.h"
@@ -38,6 +40,8 @@ ABSL_FLAG(std::string, api_keys_file, "", "File of API keys (one per line); empt
 ABSL_FLAG(double, probe_interval_s, 0.5, "Worker health and load polling interval.");
 ABSL_FLAG(double, resolve_interval_s, 10, "Re-resolution interval of dns:/// worker targets.");
 ABSL_FLAG(double, drain_timeout_s, 30, "Grace period for in-flight requests on SIGTERM.");
+ABSL_FLAG(int32_t, metrics_port, 0, "Prometheus /metrics port (0: no metrics endpoint).");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the /metrics endpoint listens on.");
 
 namespace tokenselect::router {
 namespace {
@@ -70,6 +74,7 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
   o.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   o.probe_interval = absl::Seconds(absl::GetFlag(FLAGS_probe_interval_s));
   o.resolve_interval = absl::Seconds(absl::GetFlag(FLAGS_resolve_interval_s));
+  o.metrics = &common::metrics::TokenSelectMetrics::Default();
   return o;
 }
 
@@ -92,6 +97,12 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto metrics_server = common::metrics::StartMetricsServerIfEnabled(
+      absl::GetFlag(FLAGS_metrics_port), absl::GetFlag(FLAGS_metrics_host));
+  if (!metrics_server.ok()) {
+    std::fprintf(stderr, "router: metrics: %s\n", metrics_server.status().ToString().c_str());
+    return 1;
+  }
   absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Start(*std::move(options));
   if (!router.ok()) {
     std::fprintf(stderr, "router: %s\n", router.status().ToString().c_str());

@@ -35,8 +35,8 @@ struct SelectionSpec {
   std::optional<double> theta;
 };
 
-// The number of values of tokenselect.v1.SelectionPolicy (UNSPECIFIED .. STREAMING).
-inline constexpr int kNumSelectionPolicies = 6;
+// The number of values of tokenselect.v1.SelectionPolicy (UNSPECIFIED .. CASCADE).
+inline constexpr int kNumSelectionPolicies = 10;
 // Bounds shared with engine/sampling/sampling_params.h (the router cannot link the engine).
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kMaxStopStringBytes = 1024;

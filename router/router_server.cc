@@ -33,7 +33,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterOptions 
   registry_options.probe_interval = options.probe_interval;
   registry_options.resolve_interval = options.resolve_interval;
   ASSIGN_OR_RETURN(router->registry_, WorkerRegistry::Create(std::move(registry_options)));
-  router->dispatcher_ = std::make_unique<Dispatcher>(router->registry_.get());
+  if (options.metrics != nullptr) {
+    router->metrics_ = std::make_unique<RouterMetrics>(*options.metrics);
+  }
+  router->dispatcher_ =
+      std::make_unique<Dispatcher>(router->registry_.get(), router->metrics_.get());
+  service_options.metrics = router->metrics_.get();
   service_options.model = &router->model_;
   service_options.dispatcher = router->dispatcher_.get();
   router->service_ = NewGenerationService(std::move(service_options));
@@ -57,8 +62,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterOptions 
 }
 
 void RouterServer::ReadinessOnce() {
-  const bool ready = !registry_->Healthy(WorkerKind::kPrefill).empty() &&
-                     !registry_->Healthy(WorkerKind::kDecode).empty();
+  const size_t prefill = registry_->Healthy(WorkerKind::kPrefill).size();
+  const size_t decode = registry_->Healthy(WorkerKind::kDecode).size();
+  if (metrics_ != nullptr) {
+    metrics_->SetHealthyWorkers(static_cast<int64_t>(prefill), static_cast<int64_t>(decode));
+  }
+  const bool ready = prefill > 0 && decode > 0;
   server_->GetHealthCheckService()->SetServingStatus(kServiceName, ready);
 }
 

@@ -16,8 +16,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/metrics/tokenselect_metrics.h"
 #include "grpcpp/server.h"
 #include "router/dispatch_service.h"
+#include "router/router_metrics.h"
 #include "router/served_model.h"
 #include "router/worker_registry.h"
 #include "rpc/channels.h"
@@ -36,6 +38,8 @@ struct RouterOptions {
   std::string api_keys_file;  // empty: no API keys
   absl::Duration probe_interval = absl::Milliseconds(500);
   absl::Duration resolve_interval = absl::Seconds(10);
+  // Where the router records its metrics (docs/metrics.md); null: none. Must outlive the server.
+  const common::metrics::TokenSelectMetrics* metrics = nullptr;
 };
 
 class RouterServer {
@@ -59,6 +63,7 @@ class RouterServer {
   void ReadinessLoop();
 
   ServedModel model_;
+  std::unique_ptr<RouterMetrics> metrics_;  // null without RouterOptions::metrics
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<grpc::Service> service_;

@@ -47,7 +47,7 @@ ABSL_FLAG(bool, logprobs, false, "generate: print the generated ids with their l
 ABSL_FLAG(bool, print_ids, false, "generate: print the generated token ids at the end.");
 ABSL_FLAG(std::string, policy, "tokenselect",
           "generate: token selection policy: tokenselect (head soft vote), topk, head_vote, dense, "
-          "streaming.");
+          "streaming, tokenselect_span, infllm, quest, cascade (also with --server).");
 ABSL_FLAG(int64_t, k, 2048, "generate: selection budget: tokens chosen by the policy.");
 ABSL_FLAG(int64_t, n_init, 128, "generate: selection budget: initial (sink) tokens always kept.");
 ABSL_FLAG(int64_t, n_local, 512, "generate: selection budget: recent tokens always kept.");

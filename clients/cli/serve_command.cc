@@ -3,6 +3,8 @@
 // decode worker in one process, talking gRPC over loopback with the host KV transport, on the
 // CPU. The model is loaded once and shared by both workers. Without --model it serves the
 // generated demo checkpoint, written to --cache_dir on first use. SIGINT / SIGTERM drain.
+// With --metrics_port the three parts record into one registry served on that port; the router
+// alone records the request latencies (docs/metrics.md).
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -18,6 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "clients/cli/command.h"
 #include "common/logging.h"
+#include "common/metrics/metrics_server.h"
+#include "common/metrics/tokenselect_metrics.h"
 #include "common/status.h"
 #include "decode_worker/decode_worker.h"
 #include "engine/generation/demo_checkpoint.h"
@@ -38,6 +42,9 @@ ABSL_FLAG(std::string, cache_dir, "",
           "serve: where the demo checkpoint is written when --model is not given "
           "(default $XDG_CACHE_HOME/tokenselect or ~/.cache/tokenselect).");
 ABSL_FLAG(double, drain_timeout_s, 10, "serve: grace period for in-flight requests on SIGTERM.");
+ABSL_FLAG(int32_t, metrics_port, 0,
+          "serve: Prometheus /metrics port of the whole process (0: no metrics endpoint).");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "serve: address the /metrics endpoint listens on.");
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, load_format);
@@ -101,12 +108,17 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   decode_options.listen_address = "127.0.0.1:0";
   decode_options.engine.kv_pages = absl::GetFlag(FLAGS_kv_pages);
   decode_options.engine.page_size = absl::GetFlag(FLAGS_page_size);
+  const common::metrics::TokenSelectMetrics& metrics =
+      common::metrics::TokenSelectMetrics::Default();
+  decode_options.engine.metrics = &metrics;
+  decode_options.engine.record_inter_token = false;  // the router records it
   ASSIGN_OR_RETURN(std::unique_ptr<decode_worker::DecodeWorker> decode,
                    decode_worker::StartDecodeWorker(decode_options));
 
   prefill_worker::PrefillWorkerOptions prefill_options;
   prefill_options.model = loaded.model.get();
   prefill_options.listen_address = "127.0.0.1:0";
+  prefill_options.engine.metrics = &metrics;
   ASSIGN_OR_RETURN(std::unique_ptr<prefill_worker::PrefillWorker> prefill,
                    prefill_worker::StartPrefillWorker(prefill_options));
 
@@ -123,6 +135,10 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   router_options.decode_targets = {decode->address()};
   router_options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   router_options.probe_interval = absl::Milliseconds(250);
+  router_options.metrics = &metrics;
+  ASSIGN_OR_RETURN(std::unique_ptr<common::metrics::MetricsServer> metrics_server,
+                   common::metrics::StartMetricsServerIfEnabled(absl::GetFlag(FLAGS_metrics_port),
+                                                                absl::GetFlag(FLAGS_metrics_host)));
   ASSIGN_OR_RETURN(std::unique_ptr<router::RouterServer> router,
                    router::RouterServer::Start(router_options));
 
@@ -130,10 +146,10 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n > 0) self[n] = '\0';
   std::printf(
-      "tokenselect all-in-one: serving %s on port %d (prefill %s, decode %s)\n"
+      "tokenselect all-in-one: serving %s on port %d (prefill %s, decode %s, metrics port %d)\n"
       "try:  %s generate --server localhost:%d --prompt \"Hello\" --max_new_tokens 32\n",
       model_dir.c_str(), router->port(), prefill->address().c_str(), decode->address().c_str(),
-      self, router->port());
+      metrics_server ? metrics_server->port() : 0, self, router->port());
   std::fflush(stdout);
   int signal_number = 0;
   sigwait(&signals, &signal_number);

@@ -3,11 +3,13 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "httplib.h"
 
 namespace tokenselect::common::metrics {
@@ -98,6 +100,17 @@ void MetricsServer::Stop() {
 int MetricsServer::port() const {
   absl::MutexLock lock(&mu_);
   return state_ == State::kRunning ? port_ : 0;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServerIfEnabled(
+    int port, const std::string& host) {
+  if (port == 0) return std::unique_ptr<MetricsServer>();
+  MetricsServerOptions options;
+  options.host = host;
+  options.port = port;
+  auto server = std::make_unique<MetricsServer>(&Registry::Default(), std::move(options));
+  RETURN_IF_ERROR(server->Start());
+  return server;
 }
 
 }  // namespace tokenselect::common::metrics

@@ -18,6 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics/registry.h"
 
@@ -71,6 +72,11 @@ class MetricsServer {
   std::unique_ptr<httplib::Server> server_ ABSL_GUARDED_BY(mu_);
   std::thread thread_ ABSL_GUARDED_BY(mu_);
 };
+
+// What the binaries do with --metrics_port / --metrics_host: nullptr when `port` is 0 (metrics
+// off), else a started server on Registry::Default(). Errors from MetricsServer::Start.
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServerIfEnabled(int port,
+                                                                           const std::string& host);
 
 }  // namespace tokenselect::common::metrics
 

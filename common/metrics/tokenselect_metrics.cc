@@ -1,7 +1,9 @@
 #include "common/metrics/tokenselect_metrics.h"
 
+#include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -107,6 +109,63 @@ SelectionCacheCounters::SelectionCacheCounters(const TokenSelectMetrics& metrics
 void SelectionCacheCounters::Record(int layer, bool hit) const {
   if (layer < 0 || layer >= static_cast<int>(hits_.size())) return;
   (hit ? hits_ : misses_)[layer]->Increment();
+}
+
+void SelectionCacheCounters::Add(int layer, int64_t hits, int64_t misses) const {
+  if (layer < 0 || layer >= static_cast<int>(hits_.size())) return;
+  if (hits > 0) hits_[layer]->Increment(static_cast<double>(hits));
+  if (misses > 0) misses_[layer]->Increment(static_cast<double>(misses));
+}
+
+struct PhaseLoadGauges::PageTotals {
+  absl::Mutex mu;
+  int64_t used ABSL_GUARDED_BY(mu) = 0;
+  int64_t total ABSL_GUARDED_BY(mu) = 0;
+
+  // Adds one engine's change and sets `ratio` to the new used / total.
+  void Add(Gauge* ratio, int64_t used_delta, int64_t total_delta) {
+    absl::MutexLock lock(&mu);
+    used += used_delta;
+    total += total_delta;
+    ratio->Set(total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0);
+  }
+};
+
+namespace {
+
+// One PageTotals per ratio gauge child, for the life of the process (children live as long).
+PhaseLoadGauges::PageTotals* TotalsFor(const Gauge* ratio) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* totals =
+      new absl::flat_hash_map<const Gauge*, std::unique_ptr<PhaseLoadGauges::PageTotals>>();
+  absl::MutexLock lock(&mu);
+  std::unique_ptr<PhaseLoadGauges::PageTotals>& slot = (*totals)[ratio];
+  if (slot == nullptr) slot = std::make_unique<PhaseLoadGauges::PageTotals>();
+  return slot.get();
+}
+
+}  // namespace
+
+PhaseLoadGauges::PhaseLoadGauges(const TokenSelectMetrics& metrics, absl::string_view phase)
+    : running_(&metrics.running_requests->Labels({phase})),
+      waiting_(&metrics.waiting_requests->Labels({phase})),
+      ratio_(&metrics.kv_cache_usage_ratio->Labels({phase})),
+      totals_(TotalsFor(ratio_)) {}
+
+PhaseLoadGauges::~PhaseLoadGauges() { Set(0, 0, 0, 0); }
+
+void PhaseLoadGauges::Set(int64_t running, int64_t waiting, int64_t used_pages,
+                          int64_t total_pages) {
+  absl::MutexLock lock(&mu_);
+  if (running != running_now_) running_->Increment(static_cast<double>(running - running_now_));
+  if (waiting != waiting_now_) waiting_->Increment(static_cast<double>(waiting - waiting_now_));
+  if (used_pages != used_now_ || total_pages != total_now_) {
+    totals_->Add(ratio_, used_pages - used_now_, total_pages - total_now_);
+  }
+  running_now_ = running;
+  waiting_now_ = waiting;
+  used_now_ = used_pages;
+  total_now_ = total_pages;
 }
 
 }  // namespace tokenselect::common::metrics

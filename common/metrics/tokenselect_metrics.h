@@ -10,11 +10,14 @@
 #ifndef TOKENSELECT_COMMON_METRICS_TOKENSELECT_METRICS_H_
 #define TOKENSELECT_COMMON_METRICS_TOKENSELECT_METRICS_H_
 
+#include <cstdint>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/registry.h"
 
 namespace tokenselect::common::metrics {
@@ -76,10 +79,41 @@ class SelectionCacheCounters {
                          int num_layers);
   // Layers outside [0, num_layers) are ignored.
   void Record(int layer, bool hit) const;
+  // Adds `hits` and `misses` lookups of `layer` at once (a request's totals when it ends).
+  void Add(int layer, int64_t hits, int64_t misses) const;
 
  private:
   std::vector<Counter*> hits_;
   std::vector<Counter*> misses_;
+};
+
+// The load gauges of one engine of `phase`: tokenselect_running_requests,
+// tokenselect_waiting_requests and tokenselect_kv_cache_usage_ratio. Several engines of one phase
+// may share a registry (all-in-one, in-process tests): each adds only its changes, so the running
+// and waiting gauges show the sum over them and the usage ratio sum(used) / sum(total) pages.
+// Thread-safe.
+class PhaseLoadGauges {
+ public:
+  PhaseLoadGauges(const TokenSelectMetrics& metrics, absl::string_view phase);
+  ~PhaseLoadGauges();  // withdraws this engine's share
+  PhaseLoadGauges(const PhaseLoadGauges&) = delete;
+  PhaseLoadGauges& operator=(const PhaseLoadGauges&) = delete;
+
+  // This engine's current load.
+  void Set(int64_t running, int64_t waiting, int64_t used_pages, int64_t total_pages);
+
+  struct PageTotals;  // tokenselect_metrics.cc: the pages of every engine on one ratio gauge
+
+ private:
+  Gauge* running_;
+  Gauge* waiting_;
+  Gauge* ratio_;
+  PageTotals* totals_;
+  absl::Mutex mu_;
+  int64_t running_now_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t waiting_now_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t used_now_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t total_now_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tokenselect::common::metrics

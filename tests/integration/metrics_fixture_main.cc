@@ -1,10 +1,11 @@
-// metrics_fixture: a test-only stand-in for the all-in-one server's /metrics endpoint. It
+// metrics_fixture: a test-only /metrics endpoint with simulated traffic on the whole metric set. It
 // registers the tokenselect metric set, feeds it simulated traffic (requests of both phases,
 // selection-cache lookups on a few layers, KV transfers on both transports, some failures) and
 // serves /metrics and /healthz until SIGINT/SIGTERM or --duration_s.
 //
-// tests/integration/prometheus_test.py scrapes it with a real Prometheus; once the all-in-one
-// server exists the test runs against it instead (docs/operations.md, "Testing the monitoring").
+// tests/integration/prometheus_test.py scrapes it with a real Prometheus (prometheus_fixture_test),
+// next to the real all-in-one server (prometheus_integration_test): the fixture also produces label
+// values the CPU server does not (nccl transport, failed transfers).
 #include <pthread.h>
 
 #include <algorithm>

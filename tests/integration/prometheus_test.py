@@ -3,17 +3,22 @@
 evaluates every PromQL expression of deploy/grafana/dashboards and deploy/prometheus.
 
   prometheus_test.py --server BIN [--server-arg ARG]... [--prometheus PATH] [--timeout-s S]
+  prometheus_test.py --all-in-one TOKENSELECT [--prometheus PATH] [--timeout-s S]
 
 Steps: start BIN --metrics_port=P (plus the --server-arg values) on loopback and wait for
-/metrics; start Prometheus with a generated config (scrape every second, evaluate the rules every
+/metrics; with --all-in-one, start the real server instead (`TOKENSELECT serve --all-in-one` on
+a demo checkpoint generated in a temp dir, router and metrics on free loopback ports) and keep a
+short load on it (a few concurrent `TOKENSELECT generate --server` runs, plus a request the router
+refuses with INVALID_ARGUMENT so that the error-ratio rule has a numerator); start Prometheus with a generated config (scrape every second, evaluate the rules every
 second, loading our two rule files); then, until every check passes or the timeout:
   - every dashboard query and every recording rule returns data (Grafana variables substituted:
     $__rate_interval=15s, $job=.+);
   - every alert expression evaluates without error and every series it names has data (an alert
     that does not fire returns nothing, which is fine);
   - every rule group loaded and every rule's last evaluation succeeded (health "ok").
-Today BIN is tests/integration/metrics_fixture (simulated traffic); once the all-in-one server
-exists, pass it with a load generator instead (docs/operations.md, "Testing the monitoring").
+ctest runs both: the all-in-one server (prometheus_integration_test) and
+tests/integration/metrics_fixture (prometheus_fixture_test: simulated traffic that also covers
+label values the CPU server does not produce, e.g. the nccl transport).
 Exit 0 on success, 1 on failure, 77 (skip) when Prometheus is not installed.
 """
 import argparse
@@ -24,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -98,6 +104,41 @@ def write_config(tmp, metrics_port):
     return config
 
 
+class Load:
+    """A few concurrent `tokenselect generate --server` loops until stop()."""
+
+    def __init__(self, tokenselect, port, tmp, concurrency=3):
+        self.stop_event = threading.Event()
+        self.errors = []
+        base = [tokenselect, "generate", "--server", f"127.0.0.1:{port}", "--max_new_tokens", "8",
+                "--temperature", "0", "--k", "16", "--n_init", "4", "--n_local", "8"]
+        self.bad = base + ["--prompt", "refused", "--top_p", "2"]
+        self.log = open(os.path.join(tmp, "load.log"), "w")
+        self.threads = [threading.Thread(target=self.loop, args=(base, i), daemon=True)
+                        for i in range(concurrency)]
+        for thread in self.threads:
+            thread.start()
+
+    def loop(self, base, worker):
+        n = 0
+        while not self.stop_event.is_set():
+            words = " ".join(f"word{(worker * 7 + n + i) % 50}" for i in range(40 + 10 * worker))
+            cmd = base + ["--prompt", f"Load {worker}.{n}: {words}"]
+            if worker == 0 and n % 5 == 0:
+                cmd = self.bad  # INVALID_ARGUMENT from the router
+            result = subprocess.run(cmd, stdout=self.log, stderr=self.log, timeout=30,
+                                    check=False)
+            if result.returncode != 0 and cmd is not self.bad:
+                self.errors.append(f"generate exited with {result.returncode}")
+            n += 1
+
+    def stop(self):
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(timeout=35)
+        self.log.close()
+
+
 def checks(prom):
     """Every problem right now ([] when all pass) and how many expressions were checked."""
     problems, count = [], 0
@@ -136,24 +177,39 @@ def checks(prom):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--server", required=True, help="binary taking --metrics_port=N")
+    parser.add_argument("--server", help="binary taking --metrics_port=N")
+    parser.add_argument("--all-in-one", metavar="TOKENSELECT",
+                        help="the tokenselect CLI: test `serve --all-in-one` under load")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra argument for the server (repeatable)")
     parser.add_argument("--prometheus", default=shutil.which("prometheus"))
     parser.add_argument("--timeout-s", type=float, default=90)
     args = parser.parse_args()
+    if bool(args.server) == bool(args.all_in_one):
+        parser.error("give one of --server or --all-in-one")
     if not args.prometheus or not os.path.exists(args.prometheus):
         print("SKIP: prometheus is not installed (Debian package 'prometheus')")
         return SKIP
 
     procs = []
+    load = None
     tmp = tempfile.mkdtemp(prefix="ts-prom-")
     try:
         metrics_port, prom_port = free_port(), free_port()
-        server = subprocess.Popen([args.server, f"--metrics_port={metrics_port}"]
-                                  + args.server_arg, stdout=subprocess.DEVNULL)
+        if args.all_in_one:
+            grpc_port = free_port()
+            argv = [args.all_in_one, "serve", "--all-in-one", "--host=127.0.0.1",
+                    f"--port={grpc_port}", "--metrics_host=127.0.0.1", f"--cache_dir={tmp}",
+                    "--drain_timeout_s=1"]
+        else:
+            argv = [args.server] + args.server_arg
+        server = subprocess.Popen(argv + [f"--metrics_port={metrics_port}"],
+                                  stdout=subprocess.DEVNULL,
+                                  stderr=open(os.path.join(tmp, "server.log"), "w"))
         procs.append(server)
-        wait_for(f"http://127.0.0.1:{metrics_port}/metrics", server, "server", 30)
+        wait_for(f"http://127.0.0.1:{metrics_port}/metrics", server, "server", 20)
+        if args.all_in_one:
+            load = Load(args.all_in_one, grpc_port, tmp)
         _, text = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
         if "# TYPE tokenselect_" not in text:
             raise RuntimeError("/metrics serves no tokenselect metric")
@@ -164,20 +220,26 @@ def main():
              f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "prometheus.log"), "w"))
         procs.append(prom)
-        wait_for(f"http://127.0.0.1:{prom_port}/-/ready", prom, "prometheus", 60)
+        wait_for(f"http://127.0.0.1:{prom_port}/-/ready", prom, "prometheus", 20)
         client = Prometheus(prom_port)
 
         deadline = time.time() + args.timeout_s
         while True:
             problems, count = checks(client)
+            if load is not None and load.errors:
+                problems.append(f"load: {load.errors[0]} ({len(load.errors)} failed runs)")
             if not problems:
                 print(f"ok: {count} expressions return data through Prometheus "
-                      f"(server {os.path.basename(args.server)})")
+                      f"(server {os.path.basename(args.server or args.all_in_one)}"
+                      f"{' serve --all-in-one' if args.all_in_one else ''})")
                 return 0
             if time.time() > deadline:
                 print("\n".join(problems))
-                with open(os.path.join(tmp, "prometheus.log")) as f:
-                    sys.stdout.write(f.read()[-3000:])
+                for log in ("prometheus.log", "server.log", "load.log"):
+                    path = os.path.join(tmp, log)
+                    if os.path.exists(path):
+                        with open(path) as f:
+                            sys.stdout.write(f"--- {log}\n{f.read()[-3000:]}")
                 print(f"FAILED: {len(problems)} problem(s) after {args.timeout_s}s")
                 return 1
             time.sleep(2)
@@ -185,6 +247,8 @@ def main():
         print(f"FAILED: {e}")
         return 1
     finally:
+        if load is not None:
+            load.stop()
         for proc in reversed(procs):
             proc.terminate()
             try:

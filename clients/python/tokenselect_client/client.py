@@ -10,7 +10,9 @@ from tokenselect_client import _stubs
 pb, pb_grpc = _stubs.load()
 
 _FINISH = {1: "stop", 2: "stop_string", 3: "length"}
-_POLICIES = {"": 0, "tokenselect": 1, "topk": 2, "head_vote": 3, "dense": 4, "streaming": 5}
+# tokenselect.v1.SelectionPolicy by name ("" keeps the server's default).
+_POLICIES = {"": 0, "tokenselect": 1, "topk": 2, "head_vote": 3, "dense": 4, "streaming": 5,
+             "tokenselect_span": 6, "infllm": 7, "quest": 8, "cascade": 9}
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                     "frequency_penalty", "presence_penalty", "seed", "max_new_tokens")
 

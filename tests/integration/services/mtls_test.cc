@@ -3,12 +3,15 @@
 // require_client_cert), the prefill worker pushes KV to the decode worker over mTLS, and the
 // router dials both with its client certificate (RouterOptions::workers.tls). A request through
 // the router succeeds; a plaintext client and a TLS client without a certificate cannot reach
-// the workers.
+// the workers. BinariesWithTlsFlags runs the same checks on the real binaries and their flags.
+#include <signal.h>
+
 #include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "clients/client.h"
@@ -106,6 +109,79 @@ TEST(MtlsTest, RouterAndWorkersTalkMutualTls) {
   (*router)->Shutdown(absl::Seconds(1));
   (*prefill)->Shutdown(absl::Seconds(1));
   (*decode)->Shutdown(absl::Seconds(1));
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
+}
+
+// The same cluster from the real binaries and their TLS flags: the workers take --tls_cert,
+// --tls_key, --tls_ca (client certificates required by default), the prefill worker pushes K/V
+// over mTLS with the same files (--kv_tls, on by default), the router dials them with
+// --worker_tls.
+TEST(MtlsTest, BinariesWithTlsFlags) {
+  if (!HaveOpenssl()) GTEST_SKIP() << "openssl CLI not installed";
+  const std::string dir = MakeTempDir("ts-mtls-bin");
+  ASSERT_TRUE(MakeCertificates(dir)) << "openssl failed, see " << dir;
+  const std::string model = dir + "/model";
+  ASSERT_TRUE(engine::WriteDemoCheckpoint(model, engine::DemoCheckpointOptions()).ok());
+  const std::vector<std::string> tls = {"--tls_cert",        dir + "/server.pem", "--tls_key",
+                                        dir + "/server.key", "--tls_ca",          dir + "/ca.pem"};
+  auto with_tls = [&](std::vector<std::string> argv) {
+    argv.insert(argv.end(), tls.begin(), tls.end());
+    return argv;
+  };
+  const int decode_port = FreePort();
+  const int prefill_port = FreePort();
+  const int router_port = FreePort();
+  Process decode(with_tls({BinDir() + "/decode_worker", "--model", model, "--host", "127.0.0.1",
+                           "--port", std::to_string(decode_port), "--kv_pages", "128"}),
+                 dir + "/decode.log");
+  Process prefill(with_tls({BinDir() + "/prefill_worker", "--model", model, "--host", "127.0.0.1",
+                            "--port", std::to_string(prefill_port)}),
+                  dir + "/prefill.log");
+  Process router(with_tls({BinDir() + "/router", "--model", model, "--host", "127.0.0.1", "--port",
+                           std::to_string(router_port), "--prefill_workers",
+                           absl::StrCat("127.0.0.1:", prefill_port), "--decode_workers",
+                           absl::StrCat("127.0.0.1:", decode_port), "--worker_tls",
+                           "--probe_interval_s", "0.1"}),
+                 dir + "/router.log");
+
+  // The router's public port serves TLS too (--tls_cert); no client certificate needed there.
+  clients::ClientOptions client_options;
+  client_options.target = absl::StrCat("localhost:", router_port);
+  client_options.tls.enabled = true;
+  client_options.tls.ca_file = dir + "/ca.pem";
+  auto client = *clients::Client::Create(client_options);
+  bool ready = false;
+  for (int i = 0; i < 300 && !ready; ++i) {
+    auto status = client->Health("tokenselect.v1.Generation", absl::Seconds(1));
+    ready = status.ok() && *status == rpc::ServingStatus::kServing;
+    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(ready) << "the router never saw healthy workers over mTLS, logs in " << dir;
+  clients::GenerateInput in;
+  in.prompt = "mutual TLS from flags";
+  in.sampling.temperature = 0;
+  in.sampling.max_new_tokens = 5;
+  auto result = client->GenerateUnary(in);
+  ASSERT_TRUE(result.ok()) << result.status() << ", logs in " << dir;
+  EXPECT_EQ(result->token_ids.size(), 5u);
+
+  // Both workers refuse a plaintext client and a TLS client without a certificate.
+  rpc::ChannelOptions plaintext;
+  rpc::ChannelOptions no_client_cert;
+  no_client_cert.tls.enabled = true;
+  no_client_cert.tls.ca_file = dir + "/ca.pem";
+  for (int port : {decode_port, prefill_port}) {
+    for (const rpc::ChannelOptions& options : {plaintext, no_client_cert}) {
+      auto channel = rpc::MakeChannel(absl::StrCat("localhost:", port), options);
+      ASSERT_TRUE(channel.ok());
+      auto health = rpc::CheckHealth(*channel, "", absl::Seconds(2));
+      EXPECT_FALSE(health.ok() && *health == rpc::ServingStatus::kServing)
+          << "port " << port << " tls=" << options.tls.enabled;
+    }
+  }
+  router.Kill(SIGTERM);
+  prefill.Kill(SIGTERM);
+  decode.Kill(SIGTERM);
   if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -19,6 +20,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "proto/tokenselect/v1/generate.grpc.pb.h"
 #include "proto/tokenselect/v1/worker.grpc.pb.h"
 #include "tests/integration/services/cluster.h"
@@ -34,6 +36,7 @@ constexpr int kPageSize = 16;
 struct Worker {
   Process process;
   int port = 0;
+  int metrics_port = 0;
   std::string address() const { return absl::StrCat("127.0.0.1:", port); }
 };
 
@@ -55,19 +58,26 @@ class ServicesTest : public ::testing::Test {
     for (size_t i = 0; i < 2; ++i) {
       Worker& d = (*decode_)[i];
       d.port = FreePort();
+      d.metrics_port = FreePort();
       d.process =
           Process({BinDir() + "/decode_worker", "--model", *model_, "--host", "127.0.0.1", "--port",
                    std::to_string(d.port), "--kv_pages", std::to_string(kDecodePages),
-                   "--page_size", std::to_string(kPageSize), "--lease_timeout_ms", "3000"},
+                   "--page_size", std::to_string(kPageSize), "--lease_timeout_ms", "3000",
+                   "--metrics_host", "127.0.0.1", "--metrics_port", std::to_string(d.metrics_port)},
                   absl::StrCat(*dir_, "/decode", i, ".log"));
       Worker& p = (*prefill_)[i];
       p.port = FreePort();
+      p.metrics_port = FreePort();
       p.process = Process({BinDir() + "/prefill_worker", "--model", *model_, "--host", "127.0.0.1",
-                           "--port", std::to_string(p.port)},
+                           "--port", std::to_string(p.port), "--metrics_host", "127.0.0.1",
+                           "--metrics_port", std::to_string(p.metrics_port)},
                           absl::StrCat(*dir_, "/prefill", i, ".log"));
     }
     router_port_ = FreePort();
-    router_ = new Process(RouterArgv(router_port_, {}), *dir_ + "/router.log");
+    router_metrics_port_ = FreePort();
+    router_ = new Process(RouterArgv(router_port_, {"--metrics_host", "127.0.0.1", "--metrics_port",
+                                                    std::to_string(router_metrics_port_)}),
+                          *dir_ + "/router.log");
     ASSERT_TRUE(WaitServing(router_port_, "tokenselect.v1.Generation", 60))
         << "router not ready, logs in " << *dir_;
     setup_ok_ = true;
@@ -176,6 +186,28 @@ class ServicesTest : public ::testing::Test {
     }
   }
 
+  // The sum of the samples of `name` (exact, before `{` or ` `) whose line contains every one of
+  // `labels`, from 127.0.0.1:port/metrics; -1 when the endpoint does not answer.
+  static double MetricSum(int port, const std::string& name,
+                          const std::vector<std::string>& labels) {
+    httplib::Client http("127.0.0.1", port);
+    http.set_connection_timeout(2);
+    auto response = http.Get("/metrics");
+    if (!response || response->status != 200) return -1;
+    double sum = 0;
+    for (absl::string_view line : absl::StrSplit(response->body, '\n')) {
+      if (!absl::StartsWith(line, name) || line.size() <= name.size()) continue;
+      const char next = line[name.size()];
+      if (next != '{' && next != ' ') continue;
+      bool match = true;
+      for (const std::string& label : labels) match = match && absl::StrContains(line, label);
+      double value = 0;
+      const size_t space = line.rfind(' ');
+      if (match && absl::SimpleAtod(line.substr(space + 1), &value)) sum += value;
+    }
+    return sum;
+  }
+
   static clients::GenerateInput Greedy(const std::string& prompt, int max_new_tokens) {
     clients::GenerateInput in;
     in.prompt = prompt;
@@ -196,6 +228,7 @@ class ServicesTest : public ::testing::Test {
   static std::vector<Worker>* decode_;
   static Process* router_;
   static int router_port_;
+  static int router_metrics_port_;
   static bool setup_ok_;
 };
 
@@ -205,6 +238,7 @@ std::vector<Worker>* ServicesTest::prefill_ = nullptr;
 std::vector<Worker>* ServicesTest::decode_ = nullptr;
 Process* ServicesTest::router_ = nullptr;
 int ServicesTest::router_port_ = 0;
+int ServicesTest::router_metrics_port_ = 0;
 bool ServicesTest::setup_ok_ = false;
 
 TEST_F(ServicesTest, SixteenConcurrentStreamsMatchOfflineGeneration) {
@@ -258,6 +292,68 @@ TEST_F(ServicesTest, RemoteCliMatchesOfflineCli) {
   EXPECT_EQ(rc_offline, 0);
   EXPECT_THAT(remote_out, HasSubstr("ids: "));
   EXPECT_EQ(remote_out, offline_out);  // the streamed text and the ids line
+}
+
+TEST_F(ServicesTest, RemoteCliAcceptsEveryPolicy) {
+  for (const char* policy : {"tokenselect", "topk", "head_vote", "dense", "streaming",
+                             "tokenselect_span", "infllm", "quest", "cascade"}) {
+    int rc = 0;
+    const std::string out =
+        RunAndCapture({BinDir() + "/tokenselect", "generate", "--server",
+                       absl::StrCat("127.0.0.1:", router_port_), "--prompt", "Every policy",
+                       "--max_new_tokens", "3", "--policy", policy, "--print_ids"},
+                      absl::StrCat(*dir_, "/policy-", policy, ".log"), &rc);
+    EXPECT_EQ(rc, 0) << policy << ", see " << *dir_;
+    EXPECT_THAT(out, HasSubstr("ids: ")) << policy;
+  }
+}
+
+TEST_F(ServicesTest, MetricsEndpointsCountRequests) {
+  constexpr int kRequests = 3;
+  const double ok_before =
+      MetricSum(router_metrics_port_, "tokenselect_requests_total", {"code=\"OK\""});
+  const double ttft_before =
+      MetricSum(router_metrics_port_, "tokenselect_time_to_first_token_seconds_count", {});
+  auto client = Connect();
+  for (int i = 0; i < kRequests; ++i) {
+    // A budget below the prompt length, so that decode steps select (and use the cache).
+    clients::GenerateInput in = Greedy(absl::StrCat("Metrics ", i, LongPrompt(60)), 6);
+    in.selection.policy = "tokenselect";
+    in.selection.k = 16;
+    in.selection.n_init = 4;
+    in.selection.n_local = 8;
+    auto result = client->GenerateUnary(in);
+    ASSERT_TRUE(result.ok()) << result.status();
+  }
+  EXPECT_GE(MetricSum(router_metrics_port_, "tokenselect_requests_total", {"code=\"OK\""}),
+            ok_before + kRequests);
+  EXPECT_GE(MetricSum(router_metrics_port_, "tokenselect_time_to_first_token_seconds_count", {}),
+            ttft_before + kRequests);
+  EXPECT_GT(MetricSum(router_metrics_port_, "tokenselect_inter_token_latency_seconds_count", {}),
+            0);
+  EXPECT_GE(MetricSum(router_metrics_port_, "tokenselect_e2e_request_latency_seconds_count", {}),
+            kRequests);
+  EXPECT_GT(MetricSum(router_metrics_port_, "tokenselect_prompt_tokens_total", {}), 0);
+  EXPECT_GE(MetricSum(router_metrics_port_, "tokenselect_generation_tokens_total", {}),
+            6 * kRequests);
+  EXPECT_EQ(MetricSum(router_metrics_port_, "tokenselect_healthy_workers", {"role=\"decode\""}), 2);
+  // The workers' share, summed over both of each kind.
+  double chunks = 0, transfers = 0, lookups = 0, decode_queue = 0;
+  for (const Worker& p : *prefill_) {
+    chunks += MetricSum(p.metrics_port, "tokenselect_prefill_chunk_seconds_count", {});
+    transfers += MetricSum(p.metrics_port, "tokenselect_kv_transfers_total",
+                           {"transport=\"host\"", "outcome=\"ok\""});
+  }
+  for (const Worker& d : *decode_) {
+    lookups += MetricSum(d.metrics_port, "tokenselect_selection_cache_lookups_total",
+                         {"policy=\"tokenselect\""});
+    decode_queue +=
+        MetricSum(d.metrics_port, "tokenselect_queue_time_seconds_count", {"phase=\"decode\""});
+  }
+  EXPECT_GE(chunks, kRequests);
+  EXPECT_GE(transfers, kRequests);
+  EXPECT_GT(lookups, 0);
+  EXPECT_GE(decode_queue, kRequests);
 }
 
 TEST_F(ServicesTest, CancelMidStreamFreesPages) {

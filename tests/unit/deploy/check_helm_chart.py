@@ -3,7 +3,8 @@
 
   - Chart.yaml names the chart and versions it (apiVersion v2);
   - values.schema.json is a valid draft-07 schema and values.yaml satisfies it, while typical
-    mistakes (bad transport, theta > 1, unknown key, hostPath volume without a path, ...) fail;
+    mistakes (bad transport, theta > 1, unknown key, hostPath volume without a path, TLS without a
+    secret, ...) fail;
   - the templates are consistent without rendering them: every .Values path they use exists in
     values.yaml, every included template is defined, and {{ }} / block keywords balance;
   - when `helm` is on PATH: `helm lint` and `helm template` (defaults, and with the
@@ -62,7 +63,9 @@ def check_values():
         ("selection.theta", 1.5),
         ("selection.policy", "magic"),
         ("selection.k", 0),
-        ("decode.tensorParallelSize", 3),
+        ("decode.kvPages", 0),
+        ("kvCache.pageSize", 0),
+        ("tls", {"enabled": True}),
         ("router.replicas", 0),
         ("ports.metrics", 70000),
         ("image.repository", None),
@@ -75,8 +78,8 @@ def check_values():
         check(not validator.is_valid(mutated(values, path, value)),
               f"values.schema.json accepts {path}={value!r}")
     good = mutated(values, "model.volume", {"type": "hostPath", "hostPath": "/data/models"})
-    good = mutated(good, "transport", "host")
-    check(validator.is_valid(good), "values.schema.json refuses a valid hostPath/host setup")
+    good = mutated(good, "tls", {"enabled": True, "secretName": "tokenselect-tls"})
+    check(validator.is_valid(good), "values.schema.json refuses a valid hostPath/TLS setup")
     return values
 
 
@@ -120,8 +123,9 @@ def run_helm():
         [helm, "lint", CHART, "--strict"],
         [helm, "template", "tokenselect", CHART, "--namespace", "tokenselect"],
         [helm, "template", "t", CHART, "--set", "serviceMonitor.enabled=true",
-         "--set", "transport=host", "--set", "decode.gpusPerPod=0", "--set",
-         "prefill.gpusPerPod=0"],
+         "--set", "decode.gpusPerPod=0", "--set", "prefill.gpusPerPod=0"],
+        [helm, "template", "t", CHART, "--set", "tls.enabled=true", "--set",
+         "tls.secretName=tokenselect-tls"],
     ]
     for cmd in runs:
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -131,10 +135,9 @@ def run_helm():
             kinds = sorted({d["kind"] for d in docs})
             for kind in ("ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "StatefulSet"):
                 check(kind in kinds, f"helm template renders no {kind} (got {kinds})")
-    bad = [helm, "template", "t", CHART, "--set", "decode.gpusPerPod=1",
-           "--set", "decode.tensorParallelSize=2"]
+    bad = [helm, "template", "t", CHART, "--set", "decode.replicas=0"]
     result = subprocess.run(bad, capture_output=True, text=True, check=False)
-    check(result.returncode != 0, "helm template accepts tensorParallelSize > gpusPerPod")
+    check(result.returncode != 0, "helm template accepts decode.replicas=0")
     print("helm lint and helm template ran")
 
 

@@ -44,14 +44,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Checks the schema cannot express. */}}
 {{- define "tokenselect.validate" -}}
-{{- range $role := list "prefill" "decode" -}}
-{{- $w := index $.Values $role -}}
-{{- if and (gt (int $w.gpusPerPod) 0) (gt (int $w.tensorParallelSize) (int $w.gpusPerPod)) -}}
-{{- fail (printf "%s.tensorParallelSize (%d) exceeds %s.gpusPerPod (%d)" $role (int $w.tensorParallelSize) $role (int $w.gpusPerPod)) -}}
-{{- end -}}
-{{- if and (eq (int $w.gpusPerPod) 0) (eq $.Values.transport "nccl") -}}
-{{- fail (printf "%s.gpusPerPod is 0 (CPU backend): use transport: host" $role) -}}
-{{- end -}}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) -}}
+{{- fail "tls.enabled needs tls.secretName" -}}
 {{- end -}}
 {{- if eq (int .Values.decode.replicas) 0 -}}
 {{- fail "decode.replicas must be at least 1" -}}
@@ -73,6 +67,36 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     claimName: {{ .Values.model.volume.claimName }}
     readOnly: true
 {{- end }}
+{{- end -}}
+
+{{/* The probe handler of every container: gRPC health on the gRPC port, or /healthz on the
+     metrics port when TLS is on (kubelet's gRPC probe cannot present a client certificate). */}}
+{{- define "tokenselect.probe" -}}
+{{- if .Values.tls.enabled -}}
+httpGet:
+  path: /healthz
+  port: {{ .Values.ports.metrics }}
+{{- else -}}
+grpc:
+  port: {{ .Values.ports.grpc }}
+{{- end -}}
+{{- end -}}
+
+{{/* The TLS secret's volume and mount (nothing when TLS is off). */}}
+{{- define "tokenselect.tlsVolume" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  secret:
+    secretName: {{ .Values.tls.secretName }}
+{{- end -}}
+{{- end -}}
+
+{{- define "tokenselect.tlsMount" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  mountPath: /etc/tokenselect/tls
+  readOnly: true
+{{- end -}}
 {{- end -}}
 
 {{/* Scheduling settings shared by every pod. */}}
