@@ -66,6 +66,28 @@ TEST(MetricsServerTest, ServesMetricsAndHealthOnLoopback) {
   EXPECT_FALSE(after.Get("/metrics"));
 }
 
+TEST(MetricsServerTest, StartIfEnabledIsOffAtPortZeroAndServesTheDefaultRegistryOtherwise) {
+  auto off = StartMetricsServerIfEnabled(0, "127.0.0.1");
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(*off, nullptr);
+
+  int port = 0;
+  {  // find a free loopback port
+    Registry scratch;
+    MetricsServer probe(&scratch, Loopback());
+    ASSERT_TRUE(probe.Start().ok());
+    port = probe.port();
+  }
+  auto on = StartMetricsServerIfEnabled(port, "127.0.0.1");
+  ASSERT_TRUE(on.ok()) << on.status();
+  ASSERT_NE(*on, nullptr);
+  httplib::Client client("127.0.0.1", port);
+  auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_EQ(metrics->body, Registry::Default().Render());
+}
+
 TEST(MetricsServerTest, StartErrors) {
   Registry registry;
   MetricsServer first(&registry, Loopback());

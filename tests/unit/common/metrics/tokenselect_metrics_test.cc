@@ -93,6 +93,50 @@ TEST(TokenSelectMetricsTest, HelpersRecordWhereTheDocSays) {
             std::string::npos);
 }
 
+TEST(TokenSelectMetricsTest, CacheCountersAddARequestsTotalsAtOnce) {
+  Registry registry;
+  auto m = TokenSelectMetrics::Register(&registry);
+  ASSERT_TRUE(m.ok());
+  SelectionCacheCounters cache(*m, "tokenselect", 3);
+  cache.Add(2, 7, 3);
+  cache.Add(2, 1, 0);
+  cache.Add(9, 100, 100);  // outside the layers: ignored
+  const std::string text = registry.Render();
+  EXPECT_NE(text.find("tokenselect_selection_cache_lookups_total{result=\"hit\",layer=\"2\","
+                      "policy=\"tokenselect\"} 8\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tokenselect_selection_cache_lookups_total{result=\"miss\",layer=\"2\","
+                      "policy=\"tokenselect\"} 3\n"),
+            std::string::npos);
+  EXPECT_EQ(text.find("layer=\"9\""), std::string::npos);
+}
+
+TEST(TokenSelectMetricsTest, PhaseLoadGaugesSumEnginesAndWithdrawOnDestruction) {
+  Registry registry;
+  auto m = TokenSelectMetrics::Register(&registry);
+  ASSERT_TRUE(m.ok());
+  auto gauge = [&](GaugeFamily* family) { return (*family->Get({"decode"}))->Value(); };
+  {
+    PhaseLoadGauges a(*m, "decode");
+    a.Set(/*running=*/2, /*waiting=*/1, /*used_pages=*/30, /*total_pages=*/100);
+    {
+      PhaseLoadGauges b(*m, "decode");
+      b.Set(3, 0, 10, 100);
+      EXPECT_EQ(gauge(m->running_requests), 5);
+      EXPECT_EQ(gauge(m->waiting_requests), 1);
+      EXPECT_DOUBLE_EQ(gauge(m->kv_cache_usage_ratio), 40.0 / 200.0);
+      a.Set(1, 1, 50, 100);  // a change replaces a's share only
+      EXPECT_EQ(gauge(m->running_requests), 4);
+      EXPECT_DOUBLE_EQ(gauge(m->kv_cache_usage_ratio), 60.0 / 200.0);
+    }
+    EXPECT_EQ(gauge(m->running_requests), 1);  // b withdrew its share
+    EXPECT_DOUBLE_EQ(gauge(m->kv_cache_usage_ratio), 50.0 / 100.0);
+  }
+  EXPECT_EQ(gauge(m->running_requests), 0);
+  EXPECT_EQ(gauge(m->waiting_requests), 0);
+}
+
 TEST(TokenSelectMetricsTest, DocsListExactlyTheRegisteredSet) {
   Registry registry;
   ASSERT_TRUE(TokenSelectMetrics::Register(&registry).ok());
