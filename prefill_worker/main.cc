@@ -15,6 +15,7 @@
 #include "engine/selection/selection_options.h"
 #include "prefill_worker/prefill_worker.h"
 #include "rpc/credentials.h"
+#include "wire/selection_flags.h"
 
 ABSL_FLAG(std::string, model, "", "model directory (config.json, *.safetensors, tokenizer.json)");
 ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy");
@@ -26,14 +27,6 @@ ABSL_FLAG(int32_t, num_threads, 1, "prefills running at once");
 ABSL_FLAG(int64_t, max_queued, 64, "queued + running prefills; more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, kv_block_bytes, 1 << 20, "payload bytes per PushKv message");
 ABSL_FLAG(bool, kv_checksum, false, "send an FNV-1a checksum with every KV block");
-ABSL_FLAG(std::string, selection_policy, "tokenselect",
-          "default selection policy (requests may override): tokenselect, topk, head_vote, dense, "
-          "streaming, tokenselect_span, infllm, quest, cascade");
-ABSL_FLAG(int64_t, selection_k, 2048, "default selection budget k (tokens picked per layer)");
-ABSL_FLAG(int64_t, selection_n_init, 128, "default attention-sink tokens");
-ABSL_FLAG(int64_t, selection_n_local, 512, "default recent-window tokens");
-ABSL_FLAG(double, selection_theta, 0.9, "default selection-cache cosine threshold");
-ABSL_FLAG(int64_t, prefill_chunk_size, 512, "default prefill chunk size in tokens");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000, "on SIGTERM, time given to running requests");
 ABSL_FLAG(int32_t, metrics_port, 0, "Prometheus /metrics port (0: no metrics endpoint)");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint listens on");
@@ -103,22 +96,12 @@ int main(int argc, char** argv) {
     }
     options.kv_channel_credentials = *kv_credentials;
   }
-  auto policy = tokenselect::engine::ParsePolicy(absl::GetFlag(FLAGS_selection_policy));
-  if (!policy.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(policy.status().message()).c_str());
+  auto selection = tokenselect::wire::SelectionDefaultsFromFlags();
+  if (!selection.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(selection.status().message()).c_str());
     return 2;
   }
-  options.default_selection.policy = *policy;
-  options.default_selection.k = absl::GetFlag(FLAGS_selection_k);
-  options.default_selection.n_init = absl::GetFlag(FLAGS_selection_n_init);
-  options.default_selection.n_local = absl::GetFlag(FLAGS_selection_n_local);
-  options.default_selection.theta = absl::GetFlag(FLAGS_selection_theta);
-  options.default_selection.chunk_size = absl::GetFlag(FLAGS_prefill_chunk_size);
-  if (auto valid = tokenselect::engine::ValidateSelectionOptions(options.default_selection);
-      !valid.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(valid.message()).c_str());
-    return 2;
-  }
+  options.default_selection = *selection;
   auto metrics_server = tokenselect::common::metrics::StartMetricsServerIfEnabled(
       absl::GetFlag(FLAGS_metrics_port), absl::GetFlag(FLAGS_metrics_host));
   if (!metrics_server.ok()) {
