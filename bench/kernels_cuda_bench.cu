@@ -1,14 +1,19 @@
 // CUDA kernel benchmark: checks first, then times (CUDA events, warm-up, median of many reps,
 // inputs rotated so that each rep reads HBM, not L2). Shape: Llama-3-8B attention (H = 32,
 // H_kv = 8, d = 128), bf16 KV, batch 1, one layer.
-//   copy      cudaMemcpyAsync device-to-device, 1 GiB: the measured ceiling (read + write bytes)
+//   copy      cudaMemcpyAsync device-to-device, 1 GiB: a measured ceiling (read + write bytes)
+//   read      a pure read kernel over 1 GiB (16 B streaming loads): the read ceiling
 //   select    ScoreKeys + VoteFromLogits + TopK(2048) at N = 32K, 128K, 512K, 1M candidates;
 //             napkin: N * 2 KiB of keys (+ N * 260 B of logits/votes), GB/s counts the key bytes
 //   sparse    DecodeAttention over 128 + 2048 + 512 = 2688 random slots of a 1M-slot cache
-//   dense     DecodeAttention over the first N = 128K / 1M slots, true positions
+//   dense     DecodeAttention over N = 128K / 512K / 1M paged slots, true positions
+//   step      one layer's decode step at N = 1M: SelectionCacheCheck + ScoreKeys + VoteFromLogits
+//             + TopK (skipping on the check's flag) + sparse DecodeAttention over 2688 slots;
+//             "miss" (theta > 1: full selection) and "hit" (cached query equal: selection skipped)
 // Checks: selection votes against an fp64 CPU soft vote at 32K (and the top-k tolerance rule of
 // tests/gpu/selection_test.cc); decode against cpu::GatherAttention on the sparse list.
-// Usage: bench_kernels_cuda [--quick]
+// The last table's rows are what bench/torch_peers.py --ours compares against its PyTorch peers.
+// Usage: bench_kernels_cuda [--quick | --variants]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,6 +60,24 @@ __global__ void FillRandomBf16(uint16_t* out, int64_t n, uint32_t seed) {
     memcpy(&bits, &x, 4);
     out[i] = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
   }
+}
+
+// Pure read: every 16 B of `in` once (8 loads in flight per thread), folded into one word that
+// is stored only if it matches an impossible value (keeps the loads alive).
+__global__ void __launch_bounds__(256) ReadKernel(const uint4* __restrict__ in, int64_t n,
+                                                  uint32_t* out) {
+  constexpr int kUnroll = 8;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  uint32_t acc = 0;
+  for (int64_t i0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i0 < n;
+       i0 += stride * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(in + min(i0 + u * stride, n - 1));
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9e3779b9u) *out = acc;
 }
 
 cudaStream_t g_stream = nullptr;  // every launch of this benchmark goes here
@@ -108,7 +131,7 @@ double GraphMedianMs(const std::function<void(int)>& fn, int reps, int inner) {
 struct Row {
   std::string what;
   double ms;
-  double gbps;
+  double gbps;  // 0: no bytes counted
   std::string note;
 };
 
@@ -273,7 +296,7 @@ int Main(int argc, char** argv) {
 
   // ---- Copy bandwidth. ----
   const size_t copy_bytes = size_t{1} << 30;
-  double copy_gbps = 0.0;
+  double copy_gbps = 0.0, read_gbps = 0.0;
   {
     DeviceBuffer<char> a(copy_bytes), b(copy_bytes);
     a.Zero();
@@ -282,6 +305,16 @@ int Main(int argc, char** argv) {
     }, reps);
     copy_gbps = 2.0 * copy_bytes / ms / 1e6;
     rows.push_back({"copy 1 GiB d2d (read+write)", ms, copy_gbps, "ceiling"});
+    DeviceBuffer<uint32_t> sink(1);
+    const int blocks = prop.multiProcessorCount * 8;
+    const double read_ms = MedianMs([&](int rep) {
+      // Alternate the two buffers, so that no rep reads what the previous one left in L2.
+      const auto* src = reinterpret_cast<const uint4*>((rep % 2 ? b : a).get());
+      ReadKernel<<<blocks, 256, 0, g_stream>>>(src, copy_bytes / 16, sink.get());
+      TS_CUDA_CHECK(cudaGetLastError());
+    }, reps);
+    read_gbps = copy_bytes / read_ms / 1e6;
+    rows.push_back({"read 1 GiB (read only)", read_ms, read_gbps, "ceiling"});
   }
 
   // ---- KV cache shared by all cases: 1M slots of keys and values, random bf16. ----
@@ -297,6 +330,53 @@ int Main(int argc, char** argv) {
   const auto* vc = reinterpret_cast<const __nv_bfloat16*>(v_cache.get());
 
   if (variants) return Variants(kc, vc, prop.multiProcessorCount);
+
+  // ---- Decode inputs: the decode cases and the decode-step rows. ----
+  RopeParams rope;
+  rope.head_dim = kDim;
+  rope.theta = 500000.0;
+  const std::vector<float> inv_freq = RopeInverseFrequencies(rope);
+  DeviceBuffer<float> d_inv_freq(inv_freq);
+  std::vector<float> q(static_cast<size_t>(kHeads * kDim));
+  for (float& x : q) x = normal(rng);
+  const auto q_bits = gpu_test::RoundToBf16(&q);
+  DeviceBuffer<uint16_t> d_q(q_bits), d_out(q.size());
+  // The decode step's sparse attention: 16 lists of 128 + 2048 + 512 random slots (standing in
+  // for the selection's picks mapped to slots), compact positions.
+  const int64_t step_n = 2688;
+  std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> step_lists;
+  {
+    std::uniform_int_distribution<int32_t> any_slot(0, static_cast<int32_t>(kCacheSlots - 1));
+    std::vector<int32_t> list(static_cast<size_t>(step_n));
+    for (int s = 0; s < 16; ++s) {
+      for (auto& x : list) x = any_slot(rng);
+      step_lists.push_back(std::make_unique<DeviceBuffer<int32_t>>(list));
+    }
+  }
+  std::vector<int32_t> step_positions(static_cast<size_t>(step_n));
+  std::iota(step_positions.begin(), step_positions.end(), 0);
+  const std::vector<int32_t> step_indptr = {0, static_cast<int32_t>(step_n)};
+  const std::vector<int32_t> step_q_pos = {static_cast<int32_t>(step_n)};
+  DeviceBuffer<int32_t> d_step_pos(step_positions), d_step_indptr(step_indptr);
+  DeviceBuffer<int32_t> d_step_q_pos(step_q_pos);
+  const int step_splits = PlanDecodeSplits(1, kKvHeads, step_n, prop.multiProcessorCount);
+  DeviceBuffer<char> step_ws(DecodeAttentionWorkspaceBytes(1, kHeads, kDim, step_splits));
+  DecodeAttentionParams step_dp;
+  step_dp.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
+  step_dp.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
+  step_dp.q_positions = d_step_q_pos.get();
+  step_dp.k_cache = kc;
+  step_dp.v_cache = vc;
+  step_dp.indptr = d_step_indptr.get();
+  step_dp.kv_positions = d_step_pos.get();
+  step_dp.inv_freq = d_inv_freq.get();
+  step_dp.workspace = step_ws.get();
+  step_dp.batch = 1;
+  step_dp.num_heads = kHeads;
+  step_dp.num_kv_heads = kKvHeads;
+  step_dp.head_dim = kDim;
+  step_dp.num_splits = step_splits;
+  step_dp.scale = 1.0f / std::sqrt(float(kDim));
 
   // ---- Selection. ----
   std::vector<float> query(static_cast<size_t>(kHeads * kDim));
@@ -405,27 +485,80 @@ int Main(int argc, char** argv) {
       if (!(max_rel < 1e-4 && bad == 0 && sorted_ok)) return 1;
     }
     const double t_score = GraphMedianMs(score, reps);
+    const double t_vote = GraphMedianMs([&](int) { TS_CUDA_CHECK(VoteFromLogits(vp, g_stream)); },
+                                        reps);
+    const double t_topk = GraphMedianMs([&](int) { TS_CUDA_CHECK(TopK(tp, g_stream)); }, reps);
     const double t_all = GraphMedianMs(all, reps);
     const double key_bytes = double(n) * kRowBytes;
-    char what[64];
-    std::snprintf(what, sizeof(what), "select N=%lldK score only", static_cast<long long>(n >> 10));
+    const long long nk = static_cast<long long>(n >> 10);
+    char what[64], note[64];
+    std::snprintf(what, sizeof(what), "select N=%lldK score only", nk);
     rows.push_back({what, t_score, key_bytes / t_score / 1e6, ""});
-    std::snprintf(what, sizeof(what), "select N=%lldK score+vote+top2048",
-                  static_cast<long long>(n >> 10));
+    std::snprintf(what, sizeof(what), "select N=%lldK vote only", nk);
+    std::snprintf(note, sizeof(note), "GB/s: logits read + vote written");
+    rows.push_back({what, t_vote, n * (kHeads * 4.0 + 4.0) / t_vote / 1e6, note});
+    std::snprintf(what, sizeof(what), "select N=%lldK top2048 only", nk);
+    rows.push_back({what, t_topk, 0.0, ""});
+    std::snprintf(what, sizeof(what), "select N=%lldK score+vote+top2048", nk);
     rows.push_back({what, t_all, key_bytes / t_all / 1e6, ""});
+
+    if (n == kCacheSlots) {
+      // One layer's decode step at 1M: the cache check decides, score/vote/top-k skip on its
+      // flag, then sparse attention over the step's list (rotated like the keys).
+      DeviceBuffer<float> cached(query.size());
+      DeviceBuffer<int32_t> valid(1), hit(1);
+      valid.Zero();
+      CacheCheckParams cp;
+      cp.hit = hit.get();
+      cp.cached_query = cached.get();
+      cp.cached_valid = valid.get();
+      cp.query = d_query.get();
+      cp.dim = kHeads * kDim;
+      auto step = [&](int rep) {
+        TS_CUDA_CHECK(SelectionCacheCheck(cp, g_stream));
+        sp.skip = vp.skip = tp.skip = hit.get();
+        score(rep);
+        TS_CUDA_CHECK(VoteFromLogits(vp, g_stream));
+        TS_CUDA_CHECK(TopK(tp, g_stream));
+        sp.skip = vp.skip = tp.skip = nullptr;
+        step_dp.indices = step_lists[rep % step_lists.size()]->get();
+        TS_CUDA_CHECK(DecodeAttention(step_dp, g_stream));
+      };
+      cp.theta = 2.0f;  // never hits: the full selection every step
+      const double t_miss = GraphMedianMs(step, reps);
+      const int32_t miss_flag = hit.Download()[0];
+      TS_CUDA_CHECK(cudaMemcpy(cached.get(), d_query.get(), query.size() * sizeof(float),
+                               cudaMemcpyDeviceToDevice));
+      const std::vector<int32_t> one = {1};
+      valid.Upload(one);
+      cp.theta = 0.9f;  // the cached query equals the query: every step hits
+      const double t_hit = GraphMedianMs(step, reps);
+      const int32_t hit_flag = hit.Download()[0];
+      std::printf("check decode step: cache flag %d on the miss path, %d on the hit path -> %s\n",
+                  miss_flag, hit_flag, miss_flag == 0 && hit_flag == 1 ? "OK" : "FAILED");
+      if (!(miss_flag == 0 && hit_flag == 1)) return 1;
+      const double step_bytes = key_bytes + 2.0 * step_n * kRowBytes;
+      rows.push_back({"decode step N=1M miss (check+select+sparse)", t_miss,
+                      step_bytes / t_miss / 1e6, "keys + sparse K/V"});
+      rows.push_back({"decode step N=1M hit (check+skip+sparse)", t_hit, 0.0, ""});
+      // Contiguous slots instead of shuffled 16-slot pages.
+      std::vector<int32_t> ident(static_cast<size_t>(n));
+      std::iota(ident.begin(), ident.end(), 0);
+      DeviceBuffer<int32_t> d_ident(ident);
+      KeyScoreParams cont = sp;
+      cont.slots = d_ident.get();
+      const double t_cont =
+          GraphMedianMs([&](int) { TS_CUDA_CHECK(ScoreKeys(cont, g_stream)); }, reps);
+      rows.push_back(
+          {"select N=1024K score only, contiguous slots", t_cont, key_bytes / t_cont / 1e6, ""});
+    }
   }
 
-  // ---- Decode attention. ----
-  RopeParams rope;
-  rope.head_dim = kDim;
-  rope.theta = 500000.0;
-  const std::vector<float> inv_freq = RopeInverseFrequencies(rope);
-  DeviceBuffer<float> d_inv_freq(inv_freq);
-  std::vector<float> q(static_cast<size_t>(kHeads * kDim));
-  for (float& x : q) x = normal(rng);
-  const auto q_bits = gpu_test::RoundToBf16(&q);
-  DeviceBuffer<uint16_t> d_q(q_bits), d_out(q.size());
-  auto decode_case = [&](const char* name, int64_t n, bool sparse) {
+  // ---- Decode attention (inputs set up before the selection). ----
+  // contiguous: slots s n .. s n + n - 1 in order (as SDPA's contiguous K/V) instead of pages;
+  // splits: 0 for PlanDecodeSplits.
+  auto decode_case = [&](const char* name, int64_t n, bool sparse, bool contiguous = false,
+                         int split_count = 0) {
     const int sets = sparse ? 16 : static_cast<int>(std::min<int64_t>(8, kCacheSlots / n));
     std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> idx_sets, pos_sets;
     std::vector<int32_t> indices(static_cast<size_t>(n)), positions(static_cast<size_t>(n));
@@ -435,6 +568,7 @@ int Main(int argc, char** argv) {
         for (auto& x : indices) x = any_slot(rng);
       } else {
         indices = PagedSlots(n, s * n, rng);
+        if (contiguous) std::iota(indices.begin(), indices.end(), static_cast<int32_t>(s * n));
       }
       std::iota(positions.begin(), positions.end(), 0);
       idx_sets.push_back(std::make_unique<DeviceBuffer<int32_t>>(indices));
@@ -443,7 +577,8 @@ int Main(int argc, char** argv) {
     const std::vector<int32_t> indptr = {0, static_cast<int32_t>(n)};
     const std::vector<int32_t> q_pos = {static_cast<int32_t>(n)};
     DeviceBuffer<int32_t> d_indptr(indptr), d_q_pos(q_pos);
-    const int splits = PlanDecodeSplits(1, kKvHeads, n, prop.multiProcessorCount);
+    const int splits = split_count > 0 ? split_count
+                                       : PlanDecodeSplits(1, kKvHeads, n, prop.multiProcessorCount);
     DeviceBuffer<char> ws(DecodeAttentionWorkspaceBytes(1, kHeads, kDim, splits));
     DecodeAttentionParams p;
     p.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
@@ -520,16 +655,29 @@ int Main(int argc, char** argv) {
   };
   if (!decode_case("sparse decode 128+2048+512", 2688, true)) return 1;
   if (!decode_case("dense decode N=128K", 128 << 10, false)) return 1;
+  if (!decode_case("dense decode N=512K", 512 << 10, false)) return 1;
   if (!decode_case("dense decode N=1M", 1 << 20, false)) return 1;
+  // Contiguous slots (as SDPA's K/V) instead of shuffled 16-slot pages; split counts off the plan.
+  if (!decode_case("dense decode N=1M contiguous slots", 1 << 20, false, true)) return 1;
+  for (int splits : {66, 132}) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "dense decode N=1M, %d splits", splits);
+    if (!decode_case(name, 1 << 20, false, false, splits)) return 1;
+  }
 
-  std::printf("\n%-36s %10s %10s %8s  %s\n", "case (Llama-3-8B shape, bf16)", "ms", "GB/s",
-              "%copy", "note");
+  std::printf("\n%-44s %10s %10s %8s %8s  %s\n", "case (Llama-3-8B shape, bf16)", "ms", "GB/s",
+              "%copy", "%read", "note");
   for (const Row& r : rows) {
-    std::printf("%-36s %10.4f %10.1f %7.1f%%  %s\n", r.what.c_str(), r.ms, r.gbps,
-                100.0 * r.gbps / copy_gbps, r.note.c_str());
+    if (r.gbps > 0.0) {
+      std::printf("%-44s %10.4f %10.1f %7.1f%% %7.1f%%  %s\n", r.what.c_str(), r.ms, r.gbps,
+                  100.0 * r.gbps / copy_gbps, 100.0 * r.gbps / read_gbps, r.note.c_str());
+    } else {
+      std::printf("%-44s %10.4f %10s %8s %8s  %s\n", r.what.c_str(), r.ms, "-", "-", "-",
+                  r.note.c_str());
+    }
   }
   std::printf("GB/s: selection counts key bytes (N * 2 KiB); decode counts K + V bytes; copy "
-              "counts read + write.\n");
+              "counts read + write; %%read is against the read-only kernel.\n");
   return 0;
 }
 

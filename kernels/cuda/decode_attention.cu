@@ -17,7 +17,7 @@
 // tokens: 1.69 ms (2.55 TB/s), instruction-bound (~120 warp instructions per (token, kv head):
 // 64 FMAs per lane for q.k and p.v, ~32 for RoPE cos/sin, 32 for the shuffle reduction, the
 // g-head online softmax repeated in all L lanes). The default is the tensor-core kernel in
-// decode_attention_mma.cu (1.27 ms).
+// decode_attention_mma.cu (1.18-1.26 ms).
 //
 // DecodeMergeKernel: block (head, request), d threads: weights 2^(lse_s - max) over the splits,
 // out = sum w_s o_s / sum w_s in bf16 (zeros when every split was empty).
@@ -281,10 +281,11 @@ cudaError_t DispatchDecodeGroup(const DecodeAttentionParams& p, int64_t group,
 
 int PlanDecodeSplits(int64_t batch, int64_t num_kv_heads, int64_t max_kv_len, int num_sms) {
   const int64_t units = std::max<int64_t>(1, batch * num_kv_heads);
-  // One wave of the tensor-core kernel (2 blocks per multiprocessor at 233 registers), with
-  // ranges of at least 128 tokens. Measured on H200 (Llama-3-8B shape): 1M tokens 1.27 ms at
-  // 33 splits (66: 1.28, 132: 1.31, 528: 1.46); 2688 tokens 15.3 us at 21 splits (10: 18.3,
-  // 42: 20.5, 84: 29.3): every extra wave adds a dependent chain of memory round trips.
+  // One wave of the tensor-core kernel (2 blocks per multiprocessor: ~107 KiB of shared memory
+  // each), with ranges of at least 128 tokens. Measured on H200 (Llama-3-8B shape, with the
+  // register-pipelined kernel before cp.async): 1M tokens 1.27 ms at 33 splits (66: 1.28, 132:
+  // 1.31, 528: 1.46); 2688 tokens 15.3 us at 21 splits (10: 18.3, 42: 20.5, 84: 29.3): every
+  // extra wave adds a dependent chain of memory round trips.
   const int64_t want = (static_cast<int64_t>(num_sms) * 2 + units - 1) / units;
   const int64_t most = std::max<int64_t>(1, max_kv_len / kMinSplitTokens);
   return static_cast<int>(std::clamp<int64_t>(std::min(want, most), 1, kMaxSplits));

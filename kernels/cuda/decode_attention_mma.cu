@@ -1,29 +1,51 @@
 // Tensor-core split kernel of decode attention (decode_attention.h; used when
 // params.use_tensor_cores). Same work split as the CUDA-core kernel: block (split, kv head,
-// request), 4 warps; each warp takes 16-token tiles of the split in turn.
+// request), 4 warps; warp w takes the split's 16-token tiles w, w + 4, w + 8, ...
+//
+// Memory pipeline (why: the previous version loaded a tile into registers and then computed on
+// it, so a warp had bytes in flight only between its tiles: 1.27 ms at 1M tokens, 73% of cuDNN
+// SDPA). Each warp now owns kStages shared-memory stages of one tile (K and V rows of this kv
+// head, [16][D + 8] bf16 each, the 16 B row pad makes ldmatrix conflict-free) and keeps
+// kStages - 1 tiles in flight with cp.async (16 B per copy, L2 only) while it computes the
+// oldest: 2 x 8 KiB in flight per warp, 128 KiB per multiprocessor at 2 blocks. The tile's slot
+// and position ids are loaded one tile ahead of its copies (lanes 0-15: slots, 16-31:
+// positions) and handed out by shuffles; positions go to the stage next to the rows. Only the
+// warp's own lanes touch its stages, so cp.async.wait_group + __syncwarp order everything.
 //
 // Per tile, with mma.sync m16n8k16 (bf16 in, fp32 accumulate; sm_80+), g = lane / 4, t = lane % 4:
 //   S^T [16 x 16] = Q [16 x d] . K^T: rows are the g query heads of this kv head (rows >= g are
-//     zero), two n = 8 halves of tokens, d / 16 k-steps. The k index is permuted consistently
-//     for Q and K so that thread t holds dims [t d/8, (t+1) d/8) and the same dims + d/2: each
-//     rotate_half pair is in one thread (RoPE in registers, fp32, at gather time) and the thread's
-//     K loads are 16 B vectors. Rotated K and Q are split into bf16 hi + lo parts and multiplied
-//     as hi.hi + lo.hi + hi.lo (3 mma per k-step), which keeps the scores at ~fp32 accuracy.
+//     zero), two n = 8 halves of tokens, d / 16 k-steps. K's B fragments come from ldmatrix
+//     (x4: both token halves, both 8-dim halves of a k-step): thread (g, t) holds dims
+//     16 kk + 2t + {0, 1, 8, 9} of tokens g and 8 + g, and k-steps kk and kk + d/32 hold the
+//     rotate_half partners (dim i and i + d/2), so RoPE is applied in registers (fp32, HF angle,
+//     at gather time). Rotated K and Q are split into bf16 hi + lo parts and multiplied as
+//     hi.hi + lo.hi + hi.lo (3 mma per k-step), which keeps the scores at ~fp32 accuracy.
 //     Q's fragments are built once per block into shared memory.
 //   Online softmax (base 2) on the C fragments: thread (g, t) holds head g's scores of tokens
 //     2t, 2t+1 of each half; the tile max meets over the 4 threads of a row by shuffles.
 //   O^T [d x 16] += V^T . P^T (16 dims per mma, d / 16 mma): P^T's B fragments are exactly the
-//     S^T accumulators (bf16), no data movement; V^T's A fragments come from 16 B loads of
-//     dims [g d/8, (g+1) d/8) of tokens 2t, 2t+1, 2t+8, 2t+9, paired with byte permutes.
-//   The warp's next tile slots/positions are fetched while this tile computes.
-// Registers: 233 at d = 128 (2 blocks per SM); one wave of blocks is fastest (PlanDecodeSplits).
-// Measured on H200, Llama-3-8B shape: 1M tokens 1.27 ms (3.39 TB/s of K+V, 73% of cuDNN SDPA's
-// speed on contiguous K/V without RoPE); 2688 random slots 15.3 us.
+//     S^T accumulators (bf16), no data movement; V^T's A fragments come from ldmatrix.trans of
+//     the V rows (tokens x 8 dims matrices, transposed in flight).
+// Registers: ~123 at d = 128; shared memory ~107 KiB per block (two blocks per SM, the occupancy
+// limit). One wave of blocks is fastest (PlanDecodeSplits).
+//
+// Measured on H200, Llama-3-8B shape, paged slots (bench/kernels_cuda_bench.cu, each figure in
+// the same run as cuDNN SDPA on contiguous K/V; two runs of this kernel): 1M tokens 1.18 / 1.26 ms
+// (3.64 / 3.40 TB/s of K + V, 78% / 75% of SDPA's speed), 512K 0.590 / 0.622 ms (80% / 77%),
+// 128K 0.152 / 0.161 ms (84% / 82%); 2688 random slots 16.1 / 16.4 us. The register-pipelined
+// predecessor: 1.27 ms at 1M, 0.174 ms at 128K. Variants that were not faster: 8-warp blocks
+// over all kv heads of a token range (whole 2 KiB rows per block, one block per SM): 1.27 and
+// 1.35 ms; Q's fragments in registers: 1.31 ms; 66 or 132 splits: 1.31-1.32 ms (vs 1.26 in
+// that run); contiguous instead of paged slots: the same. prefetch.global.L2 of 2 or 4 tiles
+// beyond the stages was clearly slower (1.41 / 1.80 ms). Everything lands at ~3.4-3.6 TB/s
+// against 4.5 TB/s for a pure streaming read; the cap is not the paging and not the bytes in
+// flight (more made it worse).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention_internal.h"
 
 namespace tokenselect::kernels::cuda::internal {
@@ -51,81 +73,120 @@ __device__ __forceinline__ void Mma(float* c, uint32_t a0, uint32_t a1, uint32_t
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void UnpackBf16x8(const uint4& raw, float* out) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
+__device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+// Four 8x8 bf16 matrices; lane l gives the row address of matrix l / 8, row l % 8.
+__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t addr, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ float Lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float Hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+constexpr int kTile = 16;    // tokens per warp tile
+constexpr int kStages = 3;   // tiles per warp: kStages - 1 in flight while one is computed
+
+// One warp's stage: K and V rows [kTile][D + 8] bf16, then the tile's kTile positions.
+template <int D>
+struct StageLayout {
+  static constexpr int kRowElems = D + 8;
+  static constexpr int kRowsBytes = kTile * kRowElems * 2;
+  static constexpr int kBytes = 2 * kRowsBytes + kTile * 4;
+};
+
+// Stages (after the loop: the warps' states), then Q's fragments [D / 16][32] and inv_freq.
+template <int D, int G>
+__host__ __device__ constexpr size_t MmaFrontBytes() {
+  constexpr size_t stages = static_cast<size_t>(kDecodeWarps) * kStages * StageLayout<D>::kBytes;
+  constexpr size_t reduce =
+      sizeof(float) * kDecodeWarps * G * D + sizeof(float2) * kDecodeWarps * G;
+  return stages > reduce ? stages : reduce;
+}
+template <int D, int G>
+__host__ __device__ constexpr size_t MmaSharedBytes() {
+  return MmaFrontBytes<D, G>() + sizeof(uint4) * (D / 16) * 32 + sizeof(float) * D / 2;
 }
 
 template <int D, int G>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     DecodeSplitMmaKernel(DecodeAttentionParams p, DecodeWorkspace ws) {
-  constexpr int E = D / 8;       // dims per thread in each half; also rotate_half pairs
   constexpr int KS = D / 16;     // k-steps of S^T
-  constexpr int V16 = E / 8;     // 16-byte vectors per thread per half row
+  constexpr int KH = KS / 2;     // k-step of the rotate_half partner
   constexpr int kHalf = D / 2;
-  __shared__ float sm_acc[kDecodeWarps][G][D];
-  __shared__ float2 sm_ml[kDecodeWarps][G];
+  constexpr int CPR = D / 8;     // 16 B chunks per row
+  constexpr int TPI = 32 / CPR;  // rows a warp copies per instruction
+  using Stage = StageLayout<D>;
+  extern __shared__ __align__(16) unsigned char sm_dyn[];
+  uint4* sm_q = reinterpret_cast<uint4*>(sm_dyn + MmaFrontBytes<D, G>());  // [KS][32]
+  float* sm_freq = reinterpret_cast<float*>(sm_q + KS * 32);             // [D / 2]
 
   const int kv = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t row = p.num_kv_heads * D;
 
-  // inv_freq in shared memory, not registers: the kernel sits at the 255-register limit.
-  __shared__ float sm_freq[kHalf];
   for (int i = threadIdx.x; i < kHalf; i += blockDim.x) sm_freq[i] = __ldg(p.inv_freq + i);
   __syncthreads();
-  const float* freq = sm_freq + t * E;
 
   // Q fragments of head g (zero rows for g >= G), rotated, scaled by scale * log2(e), split
-  // into bf16 hi/lo: {hi a0, hi a2, lo a0, lo a2} per k-step and lane, in shared memory (the
-  // kernel sits at the 255-register limit). Warp 0 writes them; every warp reads the same.
-  __shared__ uint4 sm_q[KS][32];
+  // into bf16 hi/lo: {hi a0, hi a2, lo a0, lo a2} per k-step and lane. a0 holds dims
+  // 16 kk + 2t + {0, 1}, a2 dims 16 kk + 8 + 2t + {0, 1}; k-step kk + KH holds the partners.
+  // Warp 0 writes them; every warp reads the same (in shared memory, not registers: measured
+  // faster).
   if (warp == 0) {
-    float x[2 * E];
+    float x[KS][4];
 #pragma unroll
-    for (int i = 0; i < 2 * E; ++i) x[i] = 0.0f;
+    for (int kk = 0; kk < KS; ++kk) x[kk][0] = x[kk][1] = x[kk][2] = x[kk][3] = 0.0f;
     if (g < G) {
       const __nv_bfloat16* qrow = p.q + (static_cast<int64_t>(b) * p.num_heads + kv * G + g) * D;
-#pragma unroll
-      for (int v = 0; v < V16; ++v) {
-        UnpackBf16x8(*reinterpret_cast<const uint4*>(qrow + t * E + 8 * v), x + 8 * v);
-        UnpackBf16x8(*reinterpret_cast<const uint4*>(qrow + kHalf + t * E + 8 * v), x + E + 8 * v);
-      }
       const float q_pos = static_cast<float>(p.q_positions[b]);
       const float qscale = p.scale * kLog2e;
 #pragma unroll
-      for (int i = 0; i < E; ++i) {
-        float sn, cs;
-        RopeSinCos(q_pos * freq[i], &sn, &cs);
-        const float a = x[i], c = x[E + i];
-        x[i] = (a * cs - c * sn) * qscale;
-        x[E + i] = (c * cs + a * sn) * qscale;
+      for (int kk = 0; kk < KH; ++kk) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int dim = 16 * kk + 2 * t + (j & 1) + 8 * (j >> 1);
+          const float a = __bfloat162float(qrow[dim]);
+          const float c = __bfloat162float(qrow[dim + kHalf]);
+          float sn, cs;
+          RopeSinCos(q_pos * sm_freq[dim], &sn, &cs);
+          x[kk][j] = (a * cs - c * sn) * qscale;
+          x[kk + KH][j] = (c * cs + a * sn) * qscale;
+        }
       }
     }
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
       uint4 f;
-      SplitPack(x[4 * kk], x[4 * kk + 1], &f.x, &f.z);
-      SplitPack(x[4 * kk + 2], x[4 * kk + 3], &f.y, &f.w);
-      sm_q[kk][lane] = f;
+      SplitPack(x[kk][0], x[kk][1], &f.x, &f.z);
+      SplitPack(x[kk][2], x[kk][3], &f.y, &f.w);
+      sm_q[kk * 32 + lane] = f;
     }
   }
   __syncthreads();
 
-  // O^T accumulators: mma c covers dims g E + c (rows g) and g E + c + E/2 (rows g + 8) of
-  // heads 2t, 2t+1 (columns).
-  float o[E / 2][4];
+  // O^T accumulators: mma c covers dims 16 c + g (c[0], c[1]) and 16 c + 8 + g (c[2], c[3]) of
+  // heads 2t, 2t+1.
+  float o[KS][4];
 #pragma unroll
-  for (int c = 0; c < E / 2; ++c) o[c][0] = o[c][1] = o[c][2] = o[c][3] = 0.0f;
+  for (int c = 0; c < KS; ++c) o[c][0] = o[c][1] = o[c][2] = o[c][3] = 0.0f;
   float m = -INFINITY, l = 0.0f;
 
   const int64_t list_begin = p.indptr[b];
@@ -133,80 +194,120 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   const int64_t per_split = (len + p.num_splits - 1) / p.num_splits;
   const int64_t begin = list_begin + min(len, blockIdx.x * per_split);
   const int64_t end = list_begin + min(len, (blockIdx.x + 1) * per_split);
+  constexpr int64_t kWarpStride = kDecodeWarps * kTile;
 
-  // Slots and positions of the warp's next tile are fetched one tile ahead (indices clamped
-  // into the range; masked tokens get zero weight).
-  // K rows: tokens g and 8 + g; V rows: tokens 2t, 2t+1, 2t+8, 2t+9.
-  int32_t k_slot[2] = {0, 0}, k_pos[2] = {0, 0}, v_slot[4] = {0, 0, 0, 0};
-  auto fetch_indices = [&](int64_t jb) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int64_t j = min(jb + 8 * hf + g, end - 1);
-      k_slot[hf] = __ldg(p.indices + j);
-      k_pos[hf] = __ldg(p.kv_positions + j);
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      v_slot[r] = __ldg(p.indices + min(jb + 2 * t + (r & 1) + 8 * (r >> 1), end - 1));
-    }
+  const uint32_t my_stages = static_cast<uint32_t>(__cvta_generic_to_shared(sm_dyn)) +
+                             warp * kStages * Stage::kBytes;
+  // ldmatrix row address of this lane within a stage's K (or V) rows: matrix l / 8 is
+  // (tokens 8 (l / 16) .., dims 8 ((l / 8) % 2) ..), row l % 8.
+  const uint32_t ld_off =
+      ((8 * (lane >> 4) + (lane & 7)) * Stage::kRowElems + 8 * ((lane >> 3) & 1)) * 2;
+
+  // Ids of the next tile to copy: lanes 0-15 its slots, lanes 16-31 its positions (clamped into
+  // the range; masked tokens get zero weight).
+  int64_t copy_jb = begin + warp * kTile;
+  auto fetch_ids = [&]() {
+    const int64_t j = min(copy_jb + (lane & 15), end - 1);
+    return lane < 16 ? __ldg(p.indices + j) : __ldg(p.kv_positions + j);
   };
-  if (begin < end) fetch_indices(begin + warp * 16);
+  int32_t ids = copy_jb < end ? fetch_ids() : 0;
+  // Copies tile copy_jb into stage st (nothing past the range; a group is committed anyway so
+  // that the counting stays uniform), then fetches the ids of the warp's next tile.
+  auto issue = [&](int st) {
+    if (copy_jb < end) {
+      const uint32_t stage = my_stages + st * Stage::kBytes;
+#pragma unroll
+      for (int i = 0; i < kTile / TPI; ++i) {
+        const int r = i * TPI + lane / CPR;
+        const int32_t slot = __shfl_sync(0xffffffffu, ids, r);
+        const int64_t off = static_cast<int64_t>(slot) * row + kv * D + (lane % CPR) * 8;
+        const uint32_t dst = stage + (r * Stage::kRowElems + (lane % CPR) * 8) * 2;
+        CpAsync16(dst, p.k_cache + off);
+        CpAsync16(dst + Stage::kRowsBytes, p.v_cache + off);
+      }
+      if (lane >= 16) {
+        const uint32_t dst = stage + 2 * Stage::kRowsBytes + (lane - 16) * 4;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(ids) : "memory");
+      }
+    }
+    CpAsyncCommit();
+    copy_jb += kWarpStride;
+    if (copy_jb < end) ids = fetch_ids();
+  };
 
-  for (int64_t jb = begin + warp * 16; jb < end; jb += kDecodeWarps * 16) {
-    uint4 kraw[2][2][V16], vraw[4][V16];
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) issue(st);
+  int stage_idx = 0;
+  for (int64_t jb = begin + warp * kTile; jb < end; jb += kWarpStride) {
+    __syncwarp();  // every lane is done reading the stage refilled next
+    issue(stage_idx == 0 ? kStages - 1 : stage_idx - 1);
+    CpAsyncWait<kStages - 1>();
+    __syncwarp();  // the other lanes' copies of this tile are visible
+    const uint32_t stage = my_stages + stage_idx * Stage::kBytes;
+    const uint32_t k_addr = stage + ld_off;
+    const uint32_t v_addr = stage + Stage::kRowsBytes + ld_off;
+    stage_idx = stage_idx + 1 == kStages ? 0 : stage_idx + 1;
     float kpos[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int64_t off = static_cast<int64_t>(k_slot[hf]) * row + kv * D + t * E;
-      kpos[hf] = static_cast<float>(k_pos[hf]);
-#pragma unroll
-      for (int v = 0; v < V16; ++v) {
-        kraw[hf][0][v] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + off + 8 * v));
-        kraw[hf][1][v] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + off + kHalf + 8 * v));
-      }
+      int32_t pos;
+      asm volatile("ld.shared.b32 %0, [%1];\n"
+                   : "=r"(pos)
+                   : "r"(stage + 2 * Stage::kRowsBytes + (8 * hf + g) * 4));
+      kpos[hf] = static_cast<float>(pos);
     }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t off = static_cast<int64_t>(v_slot[r]) * row + kv * D + g * E;
-#pragma unroll
-      for (int v = 0; v < V16; ++v) {
-        vraw[r][v] = __ldg(reinterpret_cast<const uint4*>(p.v_cache + off + 8 * v));
-      }
-    }
-    fetch_indices(jb + kDecodeWarps * 16);
 
-    // S^T halves: s[hf][e] = score of head g, token jb + 8 hf + 2t + e.
+    // S^T: acc[hf][e] = score of head g, token jb + 8 hf + 2t + e.
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < KH; ++kk) {
+      // r[0], r[1]: token g's b0, b1; r[2], r[3]: token 8 + g's. lo: k-step kk, hi: kk + KH.
+      uint32_t lo[4], hi[4];
+      LdMatrixX4(k_addr + 32 * kk, lo);
+      LdMatrixX4(k_addr + 32 * (kk + KH), hi);
+      const float2 f01 = *reinterpret_cast<const float2*>(sm_freq + 16 * kk + 2 * t);
+      const float2 f89 = *reinterpret_cast<const float2*>(sm_freq + 16 * kk + 8 + 2 * t);
+      const float freq[4] = {f01.x, f01.y, f89.x, f89.y};
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float x[4], y[4];  // dims 16 kk + 2t + {0, 1, 8, 9} and their partners
+        x[0] = Lo(lo[2 * hf]);
+        x[1] = Hi(lo[2 * hf]);
+        x[2] = Lo(lo[2 * hf + 1]);
+        x[3] = Hi(lo[2 * hf + 1]);
+        y[0] = Lo(hi[2 * hf]);
+        y[1] = Hi(hi[2 * hf]);
+        y[2] = Lo(hi[2 * hf + 1]);
+        y[3] = Hi(hi[2 * hf + 1]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float sn, cs;
+          RopeSinCos(kpos[hf] * freq[j], &sn, &cs);
+          const float a = x[j], c = y[j];
+          x[j] = a * cs - c * sn;
+          y[j] = c * cs + a * sn;
+        }
+        uint32_t xh0, xl0, xh1, xl1, yh0, yl0, yh1, yl1;
+        SplitPack(x[0], x[1], &xh0, &xl0);
+        SplitPack(x[2], x[3], &xh1, &xl1);
+        SplitPack(y[0], y[1], &yh0, &yl0);
+        SplitPack(y[2], y[3], &yh1, &yl1);
+        const uint4 qa = sm_q[kk * 32 + lane];
+        const uint4 qb = sm_q[(kk + KH) * 32 + lane];
+        Mma(acc[hf], qa.x, 0u, qa.y, 0u, xh0, xh1);
+        Mma(acc[hf], qa.x, 0u, qa.y, 0u, xl0, xl1);
+        Mma(acc[hf], qa.z, 0u, qa.w, 0u, xh0, xh1);
+        Mma(acc[hf], qb.x, 0u, qb.y, 0u, yh0, yh1);
+        Mma(acc[hf], qb.x, 0u, qb.y, 0u, yl0, yl1);
+        Mma(acc[hf], qb.z, 0u, qb.w, 0u, yh0, yh1);
+      }
+    }
     float s[2][2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float x[2 * E];
-#pragma unroll
-      for (int v = 0; v < V16; ++v) {
-        UnpackBf16x8(kraw[hf][0][v], x + 8 * v);
-        UnpackBf16x8(kraw[hf][1][v], x + E + 8 * v);
-      }
-#pragma unroll
-      for (int i = 0; i < E; ++i) {
-        float sn, cs;
-        RopeSinCos(kpos[hf] * freq[i], &sn, &cs);
-        const float a = x[i], c = x[E + i];
-        x[i] = a * cs - c * sn;
-        x[E + i] = c * cs + a * sn;
-      }
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        uint32_t kh0, kl0, kh1, kl1;
-        SplitPack(x[4 * kk], x[4 * kk + 1], &kh0, &kl0);
-        SplitPack(x[4 * kk + 2], x[4 * kk + 3], &kh1, &kl1);
-        const uint4 qf = sm_q[kk][lane];
-        Mma(acc, qf.x, 0u, qf.y, 0u, kh0, kh1);
-        Mma(acc, qf.x, 0u, qf.y, 0u, kl0, kl1);
-        Mma(acc, qf.z, 0u, qf.w, 0u, kh0, kh1);
-      }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        s[hf][e] = jb + 8 * hf + 2 * t + e < end ? acc[e] : -INFINITY;
+        s[hf][e] = jb + 8 * hf + 2 * t + e < end ? acc[hf][e] : -INFINITY;
       }
     }
 
@@ -231,36 +332,37 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     const float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
     const float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
 
-    // O^T += V^T . P^T, one mma per 16 output dims.
+    // O^T += V^T . P^T, one mma per 16 output dims. ldmatrix.trans matrices (tokens 0-7,
+    // dims lo), (0-7, hi), (8-15, lo), (8-15, hi) are the A fragment's a0..a3 (rows g / g + 8 =
+    // dims 16 c + g / 16 c + 8 + g, columns = tokens).
 #pragma unroll
-    for (int c = 0; c < E / 2; ++c) {
+    for (int c = 0; c < KS; ++c) {
+      uint32_t a[4];
+      LdMatrixX4Trans(v_addr + 32 * c, a);
       o[c][0] *= alpha0;
       o[c][1] *= alpha1;
       o[c][2] *= alpha0;
       o[c][3] *= alpha1;
-      const int e_lo = c, e_hi = c + E / 2;  // element indices within the thread's E dims
-      const uint32_t sel_lo = (e_lo & 1) ? 0x7632u : 0x5410u;
-      const uint32_t sel_hi = (e_hi & 1) ? 0x7632u : 0x5410u;
-      const int v_lo = e_lo / 8, w_lo = (e_lo % 8) / 2, v_hi = e_hi / 8, w_hi = (e_hi % 8) / 2;
-      const uint32_t a0 = __byte_perm(Word(vraw[0][v_lo], w_lo), Word(vraw[1][v_lo], w_lo), sel_lo);
-      const uint32_t a1 = __byte_perm(Word(vraw[0][v_hi], w_hi), Word(vraw[1][v_hi], w_hi), sel_hi);
-      const uint32_t a2 = __byte_perm(Word(vraw[2][v_lo], w_lo), Word(vraw[3][v_lo], w_lo), sel_lo);
-      const uint32_t a3 = __byte_perm(Word(vraw[2][v_hi], w_hi), Word(vraw[3][v_hi], w_hi), sel_hi);
-      Mma(o[c], a0, a1, a2, a3, pb0, pb1);
+      Mma(o[c], a[0], a[1], a[2], a[3], pb0, pb1);
     }
   }
+  CpAsyncWait<0>();
 
-  // Row sums over the 4 threads of head g; then the warps' states meet in shared memory.
+  // Row sums over the 4 threads of head g; then the warps' states meet in shared memory (over
+  // the stages: every warp has finished with them after the barrier).
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
+  __syncthreads();
+  auto sm_acc = reinterpret_cast<float(*)[G][D]>(sm_dyn);
+  auto sm_ml = reinterpret_cast<float2(*)[G]>(sm_dyn + sizeof(float) * kDecodeWarps * G * D);
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int head = 2 * t + e;
     if (head < G) {
 #pragma unroll
-      for (int c = 0; c < E / 2; ++c) {
-        sm_acc[warp][head][g * E + c] = o[c][e];
-        sm_acc[warp][head][g * E + c + E / 2] = o[c][2 + e];
+      for (int c = 0; c < KS; ++c) {
+        sm_acc[warp][head][16 * c + g] = o[c][e];
+        sm_acc[warp][head][16 * c + 8 + g] = o[c][2 + e];
       }
     }
   }
@@ -274,9 +376,17 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
 template <int D, int G>
 cudaError_t LaunchDecodeSplitMma(const DecodeAttentionParams& p, const DecodeWorkspace& ws,
                                  cudaStream_t stream) {
+  constexpr size_t smem = MmaSharedBytes<D, G>();
+  static bool configured = false;  // per instantiation
+  if (!configured) {
+    TS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(DecodeSplitMmaKernel<D, G>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem)));
+    configured = true;
+  }
   const dim3 grid(p.num_splits, static_cast<unsigned>(p.num_kv_heads),
                   static_cast<unsigned>(p.batch));
-  DecodeSplitMmaKernel<D, G><<<grid, kDecodeWarps * 32, 0, stream>>>(p, ws);
+  DecodeSplitMmaKernel<D, G><<<grid, kDecodeWarps * 32, smem, stream>>>(p, ws);
   return cudaGetLastError();
 }
 

@@ -21,7 +21,17 @@
 // 4.25 TB/s device copy). Two fixes got it there from 1.92 ms: the reduce-scatter written as a
 // plain loop nest was only partly unrolled (run-time indexed sums), and ?: blends compiled to
 // divergent branches; both showed as 930 instructions per token in Nsight Compute.
+// Tried for issue 6, none faster (1M tokens; this kernel measured 0.611-0.636 ms over the runs,
+// a pure streaming read 4.5 TB/s): keys staged through shared memory by cp.async, 3 stages
+// (0.663 ms); a tensor-core version (K . Q^T with mma.sync, q split into bf16 hi + lo, 8 warps
+// over the kv heads of a 16-token tile, cp.async stages): 0.610 ms, and its 2-part q split left
+// logit errors ~3e-5 that broke the test's vote-sum tolerance; it with L2 prefetch 2 / 4 tiles
+// ahead: 0.723 / 0.972 ms; contiguous instead of paged slots: 0.622 ms (0.636 paged, same run).
+// All land at ~3.4-3.5 TB/s of keys.
 
+// The skip flag (selection.h): every kernel returns before writing anything when it is set; the
+// score kernel's workspace counter then stays at 0, ready for the next launch.
+//
 // VoteKernel (pass 2). H / 4 lanes per token, 16 B each, so a warp's load is 32 / (H / 4)
 // consecutive logit rows (coalesced); per-head statistics sit in registers. The heads are summed
 // in a fixed order (4 per lane, then an xor tree), so equal logit rows give equal votes.
@@ -109,6 +119,7 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
   constexpr int T = NV / G;          // tokens per step
   constexpr int VPL = NV / L;        // sums each lane keeps after the reduce-scatter
   extern __shared__ float2 sm_stats[];  // [rows][kv_warps][32][VPL]
+  if (p.skip != nullptr && *p.skip != 0) return;
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -236,6 +247,7 @@ constexpr int kVoteUnroll = 4;
 template <int kLanes>
 __global__ void VoteKernel(VoteParams p) {
   extern __shared__ float sm_head[];  // [2 * num_heads]: max, inv_sum
+  if (p.skip != nullptr && *p.skip != 0) return;
   const int num_heads = static_cast<int>(p.num_heads);
   const bool soft = p.mode == VoteMode::kSoftVote;
   for (int h = threadIdx.x; h < num_heads; h += blockDim.x) {
@@ -280,6 +292,7 @@ __global__ void VoteKernel(VoteParams p) {
 // Any head count: one thread per token, heads in order.
 __global__ void VoteScalarKernel(VoteParams p) {
   extern __shared__ float sm_head[];
+  if (p.skip != nullptr && *p.skip != 0) return;
   const int num_heads = static_cast<int>(p.num_heads);
   const bool soft = p.mode == VoteMode::kSoftVote;
   if (soft) {

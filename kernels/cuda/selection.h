@@ -7,6 +7,12 @@
 //                    vote[j] = sum_h s[j, h]                              (top-k ablation)
 //   TopK             the k best of scores[0, n) by "higher score first, then lower index"
 //                    (engine/selection/top_k.h's rule; NaN ranks lowest), ascending by index.
+//   SelectionCacheCheck  the selection cache's lookup on the device (engine/selection/
+//                    selection_cache.h): hit = cosine(query, cached query) >= theta.
+//
+// Skip flags: ScoreKeys, VoteFromLogits and TopK take an optional device flag `skip`; when it is
+// non-null and *skip != 0 the kernels return at once and write nothing (not even workspaces), so
+// a graph of check -> score -> vote -> top-k keeps the cached top-k in the TopK output on a hit.
 //
 // Storage: keys bf16, query fp32, logits/votes fp32, all accumulation in fp32. The launchers take
 // a cudaStream_t, never synchronise, and return the first CUDA error (cudaErrorInvalidValue for
@@ -36,6 +42,7 @@ struct KeyScoreParams {
   int64_t num_kv_heads = 0;             // query head h uses kv head h / (num_heads / num_kv_heads)
   int64_t head_dim = 0;
   float scale = 1.0f;
+  const int32_t* skip = nullptr;        // optional [1]: when *skip != 0, write nothing
 };
 
 size_t ScoreKeysWorkspaceBytes(int64_t num_heads);
@@ -54,6 +61,7 @@ struct VoteParams {
   int64_t n = 0;
   int64_t num_heads = 0;
   VoteMode mode = VoteMode::kSoftVote;
+  const int32_t* skip = nullptr;        // optional [1]: when *skip != 0, write nothing
 };
 
 // Heads are summed in a fixed order, so equal logit rows give bitwise-equal votes.
@@ -65,14 +73,33 @@ struct TopKParams {
   void* workspace = nullptr;            // TopKWorkspaceBytes() bytes (no initialisation needed)
   int64_t n = 0;                        // up to 2^31 - 1
   int64_t k = 0;
+  const int32_t* skip = nullptr;        // optional [1]: when *skip != 0, write nothing
 };
 
 size_t TopKWorkspaceBytes(int64_t n);
 
 // Radix select on the order-preserving 32-bit image of the scores (4 passes of 8 bits), then a
 // stable compaction: every score above the k-th best wins, plus the first (by index) of those
-// equal to it. Deterministic; 7 launches, no host synchronisation.
+// equal to it. Deterministic; 8 launches (the workspace is cleared by a kernel too, so that a set
+// skip flag leaves it alone), no host synchronisation.
 cudaError_t TopK(const TopKParams& params, cudaStream_t stream);
+
+struct CacheCheckParams {
+  int32_t* hit = nullptr;           // [1] out: 1 when *cached_valid and cosine(query, cached_query)
+                                    // >= theta, else 0
+  float* cached_query = nullptr;    // [dim]: the entry; overwritten with query on a miss
+  int32_t* cached_valid = nullptr;  // [1]: 0 until the first miss stores an entry, then 1
+  const float* query = nullptr;     // [dim] fp32 (the selection query, flattened over heads)
+  int64_t dim = 0;
+  float theta = 0.9f;
+};
+
+// One launch (one block), no host synchronisation: cosine in double (a.b / (|a| |b|), clamped to
+// [-1, 1], 0 when either vector is zero; a NaN cosine misses), then on a miss the entry is
+// replaced by the query and marked valid. The caller zeroes *cached_valid once per request and
+// layer. theta = -1 hits on every check after the first; theta > 1 never hits. Invalid value for
+// dim <= 0 or null pointers.
+cudaError_t SelectionCacheCheck(const CacheCheckParams& params, cudaStream_t stream);
 
 }  // namespace tokenselect::kernels::cuda
 

@@ -14,7 +14,8 @@
 //                              i to out[#greater before i + min(#equal before i, need)] when it
 //                              wins, need = k - #greater: ties go to lower indices and the output
 //                              is ascending, with no sort.
-// Traffic at n = 1M: ~6 reads of 4 MB (mostly L2) and k * 4 B written; launch-bound (~7 launches).
+// Traffic at n = 1M: ~6 reads of 4 MB (mostly L2) and k * 4 B written; launch-bound (8 launches:
+// ClearControlKernel first). Every kernel returns at once when the skip flag is set.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -69,9 +70,20 @@ __device__ uint32_t BlockExclusiveScan(uint32_t value, uint32_t* exclusive) {
   return total;
 }
 
+// The skip flag (selection.h): every kernel returns at once when it is set.
+__device__ __forceinline__ bool Skipped(const int32_t* skip) {
+  return skip != nullptr && *skip != 0;
+}
+
+__global__ void ClearControlKernel(uint32_t* __restrict__ ws, const int32_t* skip) {
+  if (Skipped(skip)) return;
+  for (int i = threadIdx.x; i < kControlWords; i += blockDim.x) ws[i] = 0u;
+}
+
 __global__ void __launch_bounds__(kThreads)
     RadixHistogramKernel(const float* __restrict__ scores, int64_t n, uint32_t k, int pass,
-                         uint32_t* __restrict__ ws) {
+                         uint32_t* __restrict__ ws, const int32_t* skip) {
+  if (Skipped(skip)) return;
   __shared__ uint32_t hist[256];
   __shared__ bool is_last;
   const int shift = 24 - 8 * pass;
@@ -125,7 +137,8 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     CountKernel(const float* __restrict__ scores, int64_t n, int64_t chunk,
-                uint32_t* __restrict__ ws) {
+                uint32_t* __restrict__ ws, const int32_t* skip) {
+  if (Skipped(skip)) return;
   __shared__ bool is_last;
   const uint32_t threshold = ws[kStateOffset];
   const int64_t begin = blockIdx.x * chunk;
@@ -174,7 +187,8 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     CompactKernel(int32_t* __restrict__ out, const float* __restrict__ scores, int64_t n,
-                  int64_t chunk, const uint32_t* __restrict__ ws) {
+                  int64_t chunk, const uint32_t* __restrict__ ws, const int32_t* skip) {
+  if (Skipped(skip)) return;
   const uint32_t threshold = ws[kStateOffset];
   const uint32_t need = ws[kStateOffset + 1];
   uint32_t greater_run = ws[kGreaterOffset + blockIdx.x];
@@ -200,7 +214,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void IotaKernel(int32_t* __restrict__ out, int64_t n) {
+__global__ void IotaKernel(int32_t* __restrict__ out, int64_t n, const int32_t* skip) {
+  if (Skipped(skip)) return;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     out[i] = static_cast<int32_t>(i);
@@ -217,24 +232,27 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   if (k == 0) return cudaSuccess;
   if (k == p.n) {
     const int64_t blocks = std::min<int64_t>((p.n + kThreads - 1) / kThreads, 4096);
-    IotaKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(p.out, p.n);
+    IotaKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(p.out, p.n, p.skip);
     return cudaGetLastError();
   }
   uint32_t* ws = static_cast<uint32_t*>(p.workspace);
-  TS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ws, 0, kControlWords * sizeof(uint32_t), stream));
+  // A kernel rather than cudaMemsetAsync, so that a set skip flag leaves the workspace alone too.
+  ClearControlKernel<<<1, kThreads, 0, stream>>>(ws, p.skip);
+  TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   int64_t blocks = std::min<int64_t>(kMaxBlocks, (p.n + kMinPerBlock - 1) / kMinPerBlock);
   int64_t chunk = (p.n + blocks - 1) / blocks;
   chunk = (chunk + kThreads - 1) / kThreads * kThreads;
   blocks = (p.n + chunk - 1) / chunk;
   for (int pass = 0; pass < 4; ++pass) {
     RadixHistogramKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(
-        p.scores, p.n, static_cast<uint32_t>(k), pass, ws);
+        p.scores, p.n, static_cast<uint32_t>(k), pass, ws, p.skip);
     TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  CountKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(p.scores, p.n, chunk, ws);
+  CountKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(p.scores, p.n, chunk, ws,
+                                                                 p.skip);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   CompactKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(p.out, p.scores, p.n, chunk,
-                                                                   ws);
+                                                                   ws, p.skip);
   return cudaGetLastError();
 }
 

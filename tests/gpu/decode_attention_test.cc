@@ -3,7 +3,8 @@
 // Fresh random inputs every run; batches mix an empty list, tiny lists and long ones; groups
 // 1/2/4/8; head dims 64/128; compact positions and large true positions (RoPE angles ~1e6, where
 // a naive fast sincos would be badly off); 1 split, the planned split count and an odd one; both
-// split kernels (tensor cores and CUDA cores).
+// split kernels (tensor cores and CUDA cores); a 200K-token list runs the tensor-core kernel's
+// cp.async pipeline through hundreds of tiles per warp.
 // The output is poisoned with NaN before every launch. Tolerance: relative L2 error per request
 // <= 5e-3 and max abs error <= 2e-2 * max |ref| (bf16 output rounding is ~2e-3 relative).
 #include <algorithm>
@@ -157,6 +158,7 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{{2688}, 32, 8, 128, false},                   // sparse decode, Llama-3-8B
         DecodeCase{{0, 1, 37, 2689, 513}, 32, 8, 128, false},    // batch with an empty list
         DecodeCase{{70001}, 32, 8, 128, true},                   // dense, positions up to ~1M
+        DecodeCase{{200003, 3}, 32, 8, 128, true},               // long pipeline + a tiny list
         DecodeCase{{1000, 3001}, 32, 4, 128, false},             // g = 8
         DecodeCase{{999, 5}, 8, 8, 128, true},                   // g = 1
         DecodeCase{{777, 2050}, 12, 6, 64, false},               // g = 2, d = 64

@@ -2,6 +2,12 @@
 // selection oracle (engine/selection: ScoreCandidates, SoftVote, SumOverHeads, TopKByScore) on
 // fresh random inputs, odd sizes, groups 1/2/4/8 and head dims 64/128. Outputs are poisoned with
 // NaN (-1 for indices) before every run, so an unwritten element fails.
+// SelectionCacheCheck against the CPU cache's rule (engine/selection/selection_cache.h: cosine
+// in double, clamped, 0 for a zero vector; the CPU cosine is re-stated here, because
+// selection_cache.cc needs the policy library), step by step over query sequences and thetas;
+// the skip flags: a set flag leaves every output and workspace byte untouched, a clear one gives
+// bitwise the results of no flag, and a check -> score -> vote -> top-k chain keeps the cached
+// top-k on a hit.
 //
 // Tolerance rule for the selected indices against the CPU's (votes differ by fp32 rounding: a
 // different summation order in the dot products and exp, ~1e-6 relative, checked at 1e-4):
@@ -14,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <set>
 #include <vector>
@@ -240,6 +247,246 @@ TEST(TopKGpuTest, MatchesCpuExactlyWithTies) {
       ASSERT_EQ(got, expected);
     }
   }
+}
+
+// The CPU cache's cosine (engine/selection/selection_cache.cc: SelectionQueryCosine).
+double CpuCosine(const std::vector<float>& a, const std::vector<float>& b) {
+  double dot = 0.0, norm_a = 0.0, norm_b = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    dot += static_cast<double>(a[i]) * b[i];
+    norm_a += static_cast<double>(a[i]) * a[i];
+    norm_b += static_cast<double>(b[i]) * b[i];
+  }
+  if (norm_a == 0.0 || norm_b == 0.0) return 0.0;
+  return std::clamp(dot / (std::sqrt(norm_a) * std::sqrt(norm_b)), -1.0, 1.0);
+}
+
+// Bytes of a device buffer, for "untouched" checks.
+template <typename T>
+std::vector<uint8_t> Bytes(const DeviceBuffer<T>& b) {
+  std::vector<uint8_t> out(b.size() * sizeof(T));
+  if (!out.empty()) {
+    EXPECT_EQ(cudaMemcpy(out.data(), b.get(), out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  return out;
+}
+
+TEST(SelectionCacheGpuTest, CheckMatchesCpuCacheRule) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t dim : {int64_t{4096}, int64_t{1000}, int64_t{3}}) {
+    for (float theta : {0.9f, -1.0f, 1.5f, 0.5f}) {
+      SCOPED_TRACE(testing::Message() << "dim=" << dim << " theta=" << theta);
+      // A query sequence with near repeats (cosine ~0.995), fresh draws (~0), a scaled copy
+      // (1), its negation (-1), a zero vector and a NaN, so that every branch is taken.
+      auto fresh = [&] {
+        std::vector<float> q(static_cast<size_t>(dim));
+        for (float& x : q) x = normal(rng);
+        return q;
+      };
+      std::vector<std::vector<float>> seq;
+      seq.push_back(fresh());
+      for (int step = 0; step < 3; ++step) {
+        std::vector<float> near = seq.back();
+        for (float& x : near) x += 0.1f * normal(rng);
+        seq.push_back(near);
+      }
+      seq.push_back(fresh());
+      std::vector<float> scaled = seq.back();
+      for (float& x : scaled) x *= 2.5f;
+      seq.push_back(scaled);
+      std::vector<float> negated = scaled;
+      for (float& x : negated) x = -x;
+      seq.push_back(negated);
+      seq.push_back(std::vector<float>(static_cast<size_t>(dim), 0.0f));
+      seq.push_back(std::vector<float>(static_cast<size_t>(dim), 0.0f));
+      seq.push_back(fresh());
+      std::vector<float> with_nan = seq.back();
+      with_nan[static_cast<size_t>(dim / 2)] = NAN;
+      seq.push_back(with_nan);
+      seq.push_back(fresh());
+
+      DeviceBuffer<float> d_cached(static_cast<size_t>(dim)), d_query(static_cast<size_t>(dim));
+      DeviceBuffer<int32_t> d_valid(1), d_hit(1);
+      d_cached.Poison();  // never read before the first store (valid = 0)
+      d_valid.Zero();
+      std::vector<float> cpu_cached;
+      bool cpu_valid = false;
+      int hits = 0;
+      for (size_t step = 0; step < seq.size(); ++step) {
+        SCOPED_TRACE(testing::Message() << "step " << step);
+        const std::vector<float>& q = seq[step];
+        // The CPU cache: hit = valid && cosine >= theta (NaN misses); a miss stores q.
+        const bool cpu_hit = cpu_valid && CpuCosine(q, cpu_cached) >= static_cast<double>(theta);
+        if (!cpu_hit) {
+          cpu_cached = q;
+          cpu_valid = true;
+        }
+        hits += cpu_hit ? 1 : 0;
+        d_query.Upload(q);
+        d_hit.Poison();
+        CacheCheckParams cp;
+        cp.hit = d_hit.get();
+        cp.cached_query = d_cached.get();
+        cp.cached_valid = d_valid.get();
+        cp.query = d_query.get();
+        cp.dim = dim;
+        cp.theta = theta;
+        ASSERT_EQ(SelectionCacheCheck(cp, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_EQ(d_hit.Download()[0], cpu_hit ? 1 : 0);
+        ASSERT_EQ(d_valid.Download()[0], 1);
+        const std::vector<float> cached = d_cached.Download();
+        ASSERT_EQ(0, std::memcmp(cached.data(), cpu_cached.data(), cached.size() * sizeof(float)));
+      }
+      // theta = -1 hits on every check after the first, except the NaN query and the one after
+      // it (the stored entry is then the NaN query); theta > 1 never hits.
+      if (theta == -1.0f) {
+        EXPECT_EQ(hits, static_cast<int>(seq.size()) - 3);
+      }
+      if (theta > 1.0f) {
+        EXPECT_EQ(hits, 0);
+      }
+      if (theta == 0.9f && dim >= 1000) {
+        EXPECT_GE(hits, 4);  // the near repeats and the scaled copy
+      }
+    }
+  }
+  CacheCheckParams bad;
+  EXPECT_EQ(SelectionCacheCheck(bad, nullptr), cudaErrorInvalidValue);
+}
+
+// Skip flags: set -> nothing written; clear -> bitwise the unflagged results; and the chain
+// check -> score -> vote -> top-k keeps the cached top-k on a hit and refreshes it on a miss.
+TEST(SelectionCacheGpuTest, SkipFlagsAndCachedChain) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 50021, num_heads = 32, num_kv_heads = 8, head_dim = 128, k = 2048;
+  const int64_t dim = num_heads * head_dim;
+  std::vector<float> keys(static_cast<size_t>(n * num_kv_heads * head_dim));
+  for (float& x : keys) x = normal(rng);
+  const std::vector<uint16_t> key_bits = gpu_test::RoundToBf16(&keys);
+  std::vector<int32_t> slots(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) slots[j] = static_cast<int32_t>(n - 1 - j);
+  const float q_std = 3.0f / std::sqrt(static_cast<float>(head_dim));
+  auto fresh = [&] {
+    std::vector<float> q(static_cast<size_t>(dim));
+    for (float& x : q) x = normal(rng) * q_std;
+    return q;
+  };
+
+  DeviceBuffer<uint16_t> d_keys(key_bits);
+  DeviceBuffer<int32_t> d_slots(slots);
+  DeviceBuffer<float> d_query(static_cast<size_t>(dim)), d_cached(static_cast<size_t>(dim));
+  DeviceBuffer<float> d_logits(static_cast<size_t>(n * num_heads)), d_max(num_heads);
+  DeviceBuffer<float> d_inv(num_heads), d_vote(static_cast<size_t>(n));
+  DeviceBuffer<char> d_score_ws(ScoreKeysWorkspaceBytes(num_heads));
+  DeviceBuffer<char> d_topk_ws(TopKWorkspaceBytes(n));
+  DeviceBuffer<int32_t> d_topk(static_cast<size_t>(k)), d_ref_topk(static_cast<size_t>(k));
+  DeviceBuffer<int32_t> d_valid(1), d_hit(1), d_flag(1);
+  d_score_ws.Zero();
+  d_valid.Zero();
+
+  KeyScoreParams sp;
+  sp.logits = d_logits.get();
+  sp.head_max = d_max.get();
+  sp.head_inv_sum = d_inv.get();
+  sp.query = d_query.get();
+  sp.k_cache = reinterpret_cast<const __nv_bfloat16*>(d_keys.get());
+  sp.slots = d_slots.get();
+  sp.workspace = d_score_ws.get();
+  sp.n = n;
+  sp.num_heads = num_heads;
+  sp.num_kv_heads = num_kv_heads;
+  sp.head_dim = head_dim;
+  VoteParams vp;
+  vp.vote = d_vote.get();
+  vp.logits = d_logits.get();
+  vp.head_max = d_max.get();
+  vp.head_inv_sum = d_inv.get();
+  vp.n = n;
+  vp.num_heads = num_heads;
+  TopKParams tp;
+  tp.scores = d_vote.get();
+  tp.workspace = d_topk_ws.get();
+  tp.n = n;
+  tp.k = k;
+  auto chain = [&](const int32_t* skip, int32_t* out) {
+    KeyScoreParams s = sp;
+    VoteParams v = vp;
+    TopKParams t = tp;
+    s.skip = v.skip = t.skip = skip;
+    t.out = out;
+    ASSERT_EQ(ScoreKeys(s, nullptr), cudaSuccess);
+    ASSERT_EQ(VoteFromLogits(v, nullptr), cudaSuccess);
+    ASSERT_EQ(TopK(t, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  };
+
+  // Unflagged reference, then the flag clear: bitwise equal outputs.
+  d_query.Upload(fresh());
+  chain(nullptr, d_ref_topk.get());
+  const std::vector<uint8_t> ref_logits = Bytes(d_logits), ref_vote = Bytes(d_vote);
+  const std::vector<uint8_t> ref_max = Bytes(d_max), ref_inv = Bytes(d_inv);
+  d_flag.Zero();
+  for (auto* b : {&d_logits, &d_max, &d_inv, &d_vote}) b->Poison();
+  d_topk.Poison();
+  d_topk_ws.Poison();
+  chain(d_flag.get(), d_topk.get());
+  EXPECT_EQ(Bytes(d_logits), ref_logits);
+  EXPECT_EQ(Bytes(d_vote), ref_vote);
+  EXPECT_EQ(Bytes(d_max), ref_max);
+  EXPECT_EQ(Bytes(d_inv), ref_inv);
+  EXPECT_EQ(d_topk.Download(), d_ref_topk.Download());
+
+  // Flag set (any non-zero value): not one byte of any output or workspace changes.
+  const std::vector<int32_t> set = {7};
+  d_flag.Upload(set);
+  for (auto* b : {&d_logits, &d_max, &d_inv, &d_vote}) b->Poison();
+  d_topk.Poison();
+  d_topk_ws.Poison();
+  const std::vector<uint8_t> score_ws_before = Bytes(d_score_ws);
+  d_query.Upload(fresh());
+  chain(d_flag.get(), d_topk.get());
+  for (const auto* b : {&d_logits, &d_max, &d_inv, &d_vote}) {
+    for (uint8_t byte : Bytes(*b)) ASSERT_EQ(byte, 0xff);
+  }
+  for (uint8_t byte : Bytes(d_topk)) ASSERT_EQ(byte, 0xff);
+  for (uint8_t byte : Bytes(d_topk_ws)) ASSERT_EQ(byte, 0xff);
+  EXPECT_EQ(Bytes(d_score_ws), score_ws_before);
+
+  // The cached chain: check writes `hit`, the rest skips on it. Queries: q0 (miss: computed),
+  // q0 + noise (hit: the top-k output keeps q0's picks), q2 fresh (miss: q2's picks).
+  CacheCheckParams cp;
+  cp.hit = d_hit.get();
+  cp.cached_query = d_cached.get();
+  cp.cached_valid = d_valid.get();
+  cp.query = d_query.get();
+  cp.dim = dim;
+  cp.theta = 0.9f;
+  const std::vector<float> q0 = fresh();
+  std::vector<float> q1 = q0;
+  for (float& x : q1) x += 0.05f * q_std * normal(rng);
+  const std::vector<float> q2 = fresh();
+  std::vector<int32_t> picks_q0;
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step);
+    const std::vector<float>& q = step == 0 ? q0 : step == 1 ? q1 : q2;
+    d_query.Upload(q);
+    ASSERT_EQ(SelectionCacheCheck(cp, nullptr), cudaSuccess);
+    chain(d_hit.get(), d_topk.get());
+    const int32_t hit = d_hit.Download()[0];
+    EXPECT_EQ(hit, step == 1 ? 1 : 0);
+    const std::vector<int32_t> got = d_topk.Download();
+    if (step == 1) {
+      EXPECT_EQ(got, picks_q0);  // survived the skipped chain
+      continue;
+    }
+    chain(nullptr, d_ref_topk.get());  // the unflagged selection for q
+    EXPECT_EQ(got, d_ref_topk.Download());
+    if (step == 0) picks_q0 = got;
+  }
+  EXPECT_NE(d_topk.Download(), picks_q0);  // q2 picked its own tokens
 }
 
 }  // namespace

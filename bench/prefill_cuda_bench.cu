@@ -1,0 +1,462 @@
+// Chunked-prefill benchmark at the Llama-3-8B attention shape (H = 32, H_kv = 8, d = 128), bf16
+// KV, batch 1, one layer, chunk c = 512. Check first, then CUDA-event timings (median of reps).
+//   (a) PrefillAttention alone
+//       sparse  the TokenSelect chunk list: 128 + 2048 + 512 selected tokens (random slots of a
+//               1M-slot cache, in order) + the 512-token chunk, compact positions, causal chunk
+//       dense   the chunk over N = 32K, 128K, 512K, 1M cached tokens at true positions + the
+//               causal chunk (visible = N + i + 1)
+//       napkin: FLOPs = 4 d H sum_i visible_i; GB/s counts the list's K + V bytes once
+//   (b) the full TokenSelect chunk step at N = 32K .. 1M: selection query (BuildSelectionQuery,
+//       mean of the chunk's rotated queries at n_local + i), ScoreKeys + VoteFromLogits (soft vote)
+//       + TopK(2048) over the candidates [128, N - 512), the list build (init + selected + local
+//       + chunk, compact positions, visible = 2688 + i + 1), PrefillAttention; each part and the
+//       whole step replayed as CUDA graphs.
+// Check: the tuned kernel against SimplePrefillAttention (CUDA cores, fp32) on the sparse list.
+// Inputs rotate over disjoint slot windows between reps where they fit (so reps read HBM).
+// Usage: bench_prefill_cuda [--quick] [--csv PATH] [--splits N]
+//   --csv: rows case,N,ms for bench/torch_prefill_peers.py; --splits: override PlanPrefillSplits.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/selection.h"
+#include "kernels/ops.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace tokenselect::kernels::cuda {
+namespace {
+
+using gpu_test::DeviceBuffer;
+
+constexpr int64_t kHeads = 32, kKvHeads = 8, kDim = 128;
+constexpr int64_t kChunk = 512, kInit = 128, kTopK = 2048, kLocal = 512;
+constexpr int64_t kSelected = kInit + kTopK + kLocal;  // 2688
+constexpr int64_t kList = kSelected + kChunk;          // 3200
+constexpr int64_t kMaxN = int64_t{1} << 20;
+constexpr int64_t kCacheSlots = kMaxN + kChunk;        // cached tokens + the chunk's own slots
+constexpr int64_t kRowBytes = kKvHeads * kDim * 2;     // one token's keys (or values), bf16
+constexpr int64_t kQStride = (kHeads + 2 * kKvHeads) * kDim;  // fused qkv row
+
+__global__ void FillRandomBf16(uint16_t* out, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9e3779b9u ^ seed * 0x85ebca6bu ^
+                 static_cast<uint32_t>(i >> 32);
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    const float x = 4.0f * ((h >> 8) * (1.0f / 16777216.0f)) - 2.0f;  // [-2, 2)
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    out[i] = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
+}
+
+// The TokenSelect list of one chunk: [0, init) + candidate_slots[topk] + [N - local, N) (all
+// shifted by `base`, the request's first slot) + the chunk's slots; compact positions; the
+// chunk's visible prefixes and query positions.
+__global__ void BuildTokenSelectList(int32_t* slots, int32_t* positions, int32_t* visible,
+                                     int32_t* q_positions, const int32_t* topk,
+                                     const int32_t* candidate_slots, int32_t base, int32_t n,
+                                     int32_t chunk_first_slot) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j < kList) {
+    int32_t s;
+    if (j < kInit) {
+      s = base + j;
+    } else if (j < kInit + kTopK) {
+      s = candidate_slots[topk[j - kInit]];
+    } else if (j < kSelected) {
+      s = base + n - static_cast<int32_t>(kSelected) + j;
+    } else {
+      s = chunk_first_slot + j - static_cast<int32_t>(kSelected);
+    }
+    slots[j] = s;
+    positions[j] = j;
+  }
+  if (j < kChunk) {
+    visible[j] = static_cast<int32_t>(kSelected) + j + 1;
+    q_positions[j] = static_cast<int32_t>(kSelected) + j;
+  }
+}
+
+cudaStream_t g_stream = nullptr;
+int g_splits = 0;  // --splits N: override PlanPrefillSplits (0: planned)
+
+int Splits(int64_t list_len, int num_sms) {
+  return g_splits > 0 ? g_splits
+                      : PlanPrefillSplits(1, kHeads, kKvHeads, kChunk, list_len, num_sms);
+}
+
+double MedianMs(const std::function<void(int)>& fn, int reps, int warmup = 3) {
+  for (int i = 0; i < warmup; ++i) fn(i);
+  std::vector<cudaEvent_t> start(reps), stop(reps);
+  for (int i = 0; i < reps; ++i) {
+    TS_CUDA_CHECK(cudaEventCreate(&start[i]));
+    TS_CUDA_CHECK(cudaEventCreate(&stop[i]));
+  }
+  for (int i = 0; i < reps; ++i) {
+    TS_CUDA_CHECK(cudaEventRecord(start[i], g_stream));
+    fn(i);
+    TS_CUDA_CHECK(cudaEventRecord(stop[i], g_stream));
+  }
+  TS_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    float t = 0.0f;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&t, start[i], stop[i]));
+    ms[i] = t;
+    cudaEventDestroy(start[i]);
+    cudaEventDestroy(stop[i]);
+  }
+  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
+  return ms[reps / 2];
+}
+
+// `inner` calls of fn(rep) captured in one CUDA graph, replayed: ms per call.
+double GraphMedianMs(const std::function<void(int)>& fn, int reps, int inner = 16) {
+  fn(0);
+  TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  TS_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < inner; ++i) fn(i);
+  TS_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+  TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = MedianMs([&](int) { TS_CUDA_CHECK(cudaGraphLaunch(exec, g_stream)); }, reps, 2);
+  TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TS_CUDA_CHECK(cudaGraphDestroy(graph));
+  return ms / inner;
+}
+
+struct Csv {
+  FILE* f = nullptr;
+  void Add(const char* what, int64_t n, double ms) {
+    if (f != nullptr) std::fprintf(f, "%s,%lld,%.6f\n", what, static_cast<long long>(n), ms);
+  }
+};
+
+// Device buffers of one attention problem (batch 1, chunk 512 queries).
+struct Problem {
+  std::unique_ptr<DeviceBuffer<int32_t>> q_indptr, kv_indptr, slots, positions, visible,
+      q_positions;
+  double visible_sum = 0.0;  // sum_i visible_i
+  int64_t list_len = 0;
+};
+
+std::unique_ptr<DeviceBuffer<int32_t>> Upload(const std::vector<int32_t>& host) {
+  return std::make_unique<DeviceBuffer<int32_t>>(host);
+}
+
+std::unique_ptr<Problem> MakeProblem(const std::vector<int32_t>& slots,
+                                     const std::vector<int32_t>& positions, int64_t prefix,
+                                     int32_t q_pos0) {
+  auto pr = std::make_unique<Problem>();
+  const int64_t len = static_cast<int64_t>(slots.size());
+  std::vector<int32_t> visible(kChunk), q_positions(kChunk);
+  for (int64_t i = 0; i < kChunk; ++i) {
+    visible[i] = static_cast<int32_t>(prefix + i + 1);
+    q_positions[i] = q_pos0 + static_cast<int32_t>(i);
+    pr->visible_sum += visible[i];
+  }
+  pr->q_indptr = Upload({0, static_cast<int32_t>(kChunk)});
+  pr->kv_indptr = Upload({0, static_cast<int32_t>(len)});
+  pr->slots = Upload(slots);
+  pr->positions = Upload(positions);
+  pr->visible = Upload(visible);
+  pr->q_positions = Upload(q_positions);
+  pr->list_len = len;
+  return pr;
+}
+
+int Main(int argc, char** argv) {
+  bool quick = false;
+  Csv csv;
+  for (int a = 1; a < argc; ++a) {
+    if (std::strcmp(argv[a], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[a], "--csv") == 0 && a + 1 < argc) csv.f = std::fopen(argv[++a], "w");
+    if (std::strcmp(argv[a], "--splits") == 0 && a + 1 < argc) g_splits = std::atoi(argv[++a]);
+  }
+  TS_CUDA_CHECK(cudaStreamCreate(&g_stream));
+  const int reps = quick ? 5 : 20;
+  cudaDeviceProp prop;
+  TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int num_sms = prop.multiProcessorCount;
+  std::printf("device: %s, %d SMs, L2 %.0f MiB\n", prop.name, num_sms,
+              prop.l2CacheSize / 1048576.0);
+  std::mt19937 rng(12345);
+
+  // KV cache: 1M cached slots + the chunk's 512, random bf16 in [-2, 2); fused-qkv query rows.
+  DeviceBuffer<uint16_t> k_cache(static_cast<size_t>(kCacheSlots * kKvHeads * kDim));
+  DeviceBuffer<uint16_t> v_cache(k_cache.size());
+  DeviceBuffer<uint16_t> q(static_cast<size_t>(kChunk * kQStride));
+  FillRandomBf16<<<1024, 256, 0, g_stream>>>(k_cache.get(), static_cast<int64_t>(k_cache.size()), 1u);
+  FillRandomBf16<<<1024, 256, 0, g_stream>>>(v_cache.get(), static_cast<int64_t>(v_cache.size()), 2u);
+  FillRandomBf16<<<256, 256, 0, g_stream>>>(q.get(), static_cast<int64_t>(q.size()), 3u);
+  TS_CUDA_CHECK(cudaGetLastError());
+  TS_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto* kc = reinterpret_cast<const __nv_bfloat16*>(k_cache.get());
+  const auto* vc = reinterpret_cast<const __nv_bfloat16*>(v_cache.get());
+  const auto* qp = reinterpret_cast<const __nv_bfloat16*>(q.get());
+  RopeParams rope;
+  rope.head_dim = kDim;
+  rope.theta = 500000.0;
+  DeviceBuffer<float> inv_freq(RopeInverseFrequencies(rope));
+  DeviceBuffer<uint16_t> out(static_cast<size_t>(kChunk * kHeads * kDim));
+  DeviceBuffer<uint16_t> out_ref(out.size());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+
+  auto params_for = [&](const Problem& pr, int splits, void* ws, uint16_t* dst) {
+    PrefillAttentionParams p;
+    p.out = reinterpret_cast<__nv_bfloat16*>(dst);
+    p.q = qp;
+    p.q_row_stride = kQStride;
+    p.q_positions = pr.q_positions->get();
+    p.q_indptr = pr.q_indptr->get();
+    p.visible = pr.visible->get();
+    p.k_cache = kc;
+    p.v_cache = vc;
+    p.kv_indptr = pr.kv_indptr->get();
+    p.kv_indices = pr.slots->get();
+    p.kv_positions = pr.positions->get();
+    p.inv_freq = inv_freq.get();
+    p.workspace = ws;
+    p.batch = 1;
+    p.total_q = kChunk;
+    p.num_heads = kHeads;
+    p.num_kv_heads = kKvHeads;
+    p.head_dim = kDim;
+    p.max_q_len = kChunk;
+    p.max_kv_len = pr.list_len;
+    p.num_splits = splits;
+    p.scale = scale;
+    return p;
+  };
+  std::printf("\n(a) PrefillAttention alone, chunk %lld queries\n", static_cast<long long>(kChunk));
+  std::printf("%-40s %10s %9s %9s  %s\n", "case", "ms", "TFLOP/s", "KV GB/s", "note");
+
+  // ---- Sparse TokenSelect chunk list: 8 random selections rotated between reps. ----
+  {
+    std::vector<std::unique_ptr<Problem>> sets;
+    std::uniform_int_distribution<int32_t> any(0, static_cast<int32_t>(kMaxN - 1));
+    std::vector<int32_t> positions(kList);
+    std::iota(positions.begin(), positions.end(), 0);
+    for (int s = 0; s < 8; ++s) {
+      std::vector<int32_t> slots(kSelected);
+      for (auto& x : slots) x = any(rng);
+      std::sort(slots.begin(), slots.end());
+      for (int64_t i = 0; i < kChunk; ++i) slots.push_back(static_cast<int32_t>(kMaxN + i));
+      sets.push_back(MakeProblem(slots, positions, kSelected, static_cast<int32_t>(kSelected)));
+    }
+    const int splits = Splits(kList, num_sms);
+    DeviceBuffer<char> ws(PrefillAttentionWorkspaceBytes(kChunk, kHeads, kDim, splits));
+    // Check against the CUDA-core fallback.
+    out.Poison();
+    out_ref.Poison();
+    TS_CUDA_CHECK(PrefillAttention(params_for(*sets[0], splits, ws.get(), out.get()), g_stream));
+    TS_CUDA_CHECK(SimplePrefillAttention(params_for(*sets[0], 1, nullptr, out_ref.get()), g_stream));
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = out.Download(), want = out_ref.Download();
+    double err2 = 0.0, ref2 = 0.0;
+    bool nan = false;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double a = gpu_test::Bf16BitsToFloat(got[i]), b = gpu_test::Bf16BitsToFloat(want[i]);
+      nan |= std::isnan(a) || std::isnan(b);
+      err2 += (a - b) * (a - b);
+      ref2 += b * b;
+    }
+    const double rel = std::sqrt(err2 / ref2);
+    const bool ok = !nan && rel < 1e-2;
+    std::printf("check: sparse list (%lld entries), tuned vs SimplePrefillAttention: rel L2 %.2e "
+                "-> %s\n", static_cast<long long>(kList), rel, ok ? "OK" : "FAILED");
+    if (!ok) return 1;
+    const double ms = GraphMedianMs([&](int r) {
+      TS_CUDA_CHECK(PrefillAttention(params_for(*sets[r % 8], splits, ws.get(), out.get()), g_stream));
+    }, reps * 2);
+    const double flops = 4.0 * kDim * kHeads * sets[0]->visible_sum;
+    char note[64];
+    std::snprintf(note, sizeof(note), "%d split(s), graph", splits);
+    std::printf("%-40s %10.4f %9.1f %9.1f  %s\n", "sparse 2688 selected + 512 chunk", ms,
+                flops / ms / 1e9, 2.0 * kList * kRowBytes / ms / 1e6, note);
+    csv.Add("ours_sparse_attention", 0, ms);
+  }
+
+  // ---- Dense chunk over N cached tokens. ----
+  const int64_t sizes[] = {32 << 10, 128 << 10, 512 << 10, 1 << 20};
+  std::vector<double> dense_ms;
+  for (int64_t n : sizes) {
+    std::vector<int32_t> slots(static_cast<size_t>(n + kChunk)), positions(slots.size());
+    std::iota(slots.begin(), slots.begin() + n, 0);
+    std::iota(positions.begin(), positions.end(), 0);
+    for (int64_t i = 0; i < kChunk; ++i) slots[n + i] = static_cast<int32_t>(kMaxN + i);
+    auto pr = MakeProblem(slots, positions, n, static_cast<int32_t>(n));
+    const int splits = Splits(n + kChunk, num_sms);
+    DeviceBuffer<char> ws(PrefillAttentionWorkspaceBytes(kChunk, kHeads, kDim, splits));
+    const auto p = params_for(*pr, splits, ws.get(), out.get());
+    const int r = n >= (512 << 10) ? (quick ? 3 : 5) : reps;
+    const double ms = MedianMs([&](int) { TS_CUDA_CHECK(PrefillAttention(p, g_stream)); }, r, 1);
+    const double flops = 4.0 * kDim * kHeads * pr->visible_sum;
+    char what[64], note[64];
+    std::snprintf(what, sizeof(what), "dense N=%lldK + 512 chunk", static_cast<long long>(n >> 10));
+    std::snprintf(note, sizeof(note), "%d split(s)", splits);
+    std::printf("%-40s %10.4f %9.1f %9.1f  %s\n", what, ms, flops / ms / 1e9,
+                2.0 * (n + kChunk) * kRowBytes / ms / 1e6, note);
+    csv.Add("ours_dense_attention", n, ms);
+    dense_ms.push_back(ms);
+  }
+
+  // ---- (b) The full TokenSelect chunk step. ----
+  std::printf("\n(b) TokenSelect chunk step (selection query, score + soft vote + top-%lld over "
+              "[%lld, N - %lld), list, attention over %lld entries)\n",
+              static_cast<long long>(kTopK), static_cast<long long>(kInit),
+              static_cast<long long>(kLocal), static_cast<long long>(kList));
+  std::printf("%-10s %9s %9s %9s %9s %9s %10s %12s\n", "N", "selq ms", "select", "list",
+              "attn", "sum", "step ms", "dense/step");
+  DeviceBuffer<float> sel_q(static_cast<size_t>(kHeads * kDim)), head_max(kHeads), head_inv(kHeads);
+  DeviceBuffer<char> score_ws(ScoreKeysWorkspaceBytes(kHeads));
+  score_ws.Zero();
+  DeviceBuffer<int32_t> topk(kTopK), list_slots(kList), list_pos(kList), vis(kChunk), qpos(kChunk);
+  const std::vector<int32_t> q_indptr = {0, static_cast<int32_t>(kChunk)};
+  const std::vector<int32_t> kv_indptr = {0, static_cast<int32_t>(kList)};
+  DeviceBuffer<int32_t> d_q_indptr(q_indptr), d_kv_indptr(kv_indptr);
+  const int step_splits = Splits(kList, num_sms);
+  DeviceBuffer<char> attn_ws(PrefillAttentionWorkspaceBytes(kChunk, kHeads, kDim, step_splits));
+  for (size_t si = 0; si < 4; ++si) {
+    const int64_t n = sizes[si];
+    const int64_t cands = n - kInit - kLocal;
+    // Disjoint slot windows of n tokens (a request per window) rotated between reps.
+    const int sets = static_cast<int>(std::min<int64_t>(8, kMaxN / n));
+    std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> cand_slots;
+    for (int s = 0; s < sets; ++s) {
+      std::vector<int32_t> c(static_cast<size_t>(cands));
+      std::iota(c.begin(), c.end(), static_cast<int32_t>(s * n + kInit));
+      cand_slots.push_back(std::make_unique<DeviceBuffer<int32_t>>(c));
+    }
+    DeviceBuffer<float> logits(static_cast<size_t>(cands * kHeads)), vote(static_cast<size_t>(cands));
+    DeviceBuffer<char> topk_ws(TopKWorkspaceBytes(cands));
+    auto selq = [&](int) {
+      TS_CUDA_CHECK(BuildSelectionQuery(sel_q.get(), qp, kQStride, kChunk, kHeads, kDim, kLocal,
+                                        inv_freq.get(), g_stream));
+    };
+    auto select = [&](int r) {
+      KeyScoreParams sp;
+      sp.logits = logits.get();
+      sp.head_max = head_max.get();
+      sp.head_inv_sum = head_inv.get();
+      sp.query = sel_q.get();
+      sp.k_cache = kc;
+      sp.slots = cand_slots[r % sets]->get();
+      sp.workspace = score_ws.get();
+      sp.n = cands;
+      sp.num_heads = kHeads;
+      sp.num_kv_heads = kKvHeads;
+      sp.head_dim = kDim;
+      sp.scale = 1.0f;
+      TS_CUDA_CHECK(ScoreKeys(sp, g_stream));
+      VoteParams vp;
+      vp.vote = vote.get();
+      vp.logits = logits.get();
+      vp.head_max = head_max.get();
+      vp.head_inv_sum = head_inv.get();
+      vp.n = cands;
+      vp.num_heads = kHeads;
+      TS_CUDA_CHECK(VoteFromLogits(vp, g_stream));
+      TopKParams tp;
+      tp.out = topk.get();
+      tp.scores = vote.get();
+      tp.workspace = topk_ws.get();
+      tp.n = cands;
+      tp.k = kTopK;
+      TS_CUDA_CHECK(TopK(tp, g_stream));
+    };
+    auto build = [&](int r) {
+      BuildTokenSelectList<<<(kList + 255) / 256, 256, 0, g_stream>>>(
+          list_slots.get(), list_pos.get(), vis.get(), qpos.get(), topk.get(),
+          cand_slots[r % sets]->get(), static_cast<int32_t>((r % sets) * n),
+          static_cast<int32_t>(n), static_cast<int32_t>(kMaxN));
+      TS_CUDA_CHECK(cudaGetLastError());
+    };
+    auto attend = [&](int) {
+      PrefillAttentionParams p;
+      p.out = reinterpret_cast<__nv_bfloat16*>(out.get());
+      p.q = qp;
+      p.q_row_stride = kQStride;
+      p.q_positions = qpos.get();
+      p.q_indptr = d_q_indptr.get();
+      p.visible = vis.get();
+      p.k_cache = kc;
+      p.v_cache = vc;
+      p.kv_indptr = d_kv_indptr.get();
+      p.kv_indices = list_slots.get();
+      p.kv_positions = list_pos.get();
+      p.inv_freq = inv_freq.get();
+      p.workspace = attn_ws.get();
+      p.batch = 1;
+      p.total_q = kChunk;
+      p.num_heads = kHeads;
+      p.num_kv_heads = kKvHeads;
+      p.head_dim = kDim;
+      p.max_q_len = kChunk;
+      p.max_kv_len = kList;
+      p.num_splits = step_splits;
+      p.scale = scale;
+      TS_CUDA_CHECK(PrefillAttention(p, g_stream));
+    };
+    auto step = [&](int r) {
+      selq(r);
+      select(r);
+      build(r);
+      attend(r);
+    };
+    // Sanity: the step's list is ascending within the selected part and in range.
+    out.Poison();
+    step(0);
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto ls = list_slots.Download();
+    bool list_ok = std::is_sorted(ls.begin(), ls.begin() + kSelected) &&
+                   std::adjacent_find(ls.begin(), ls.begin() + kSelected) == ls.begin() + kSelected &&
+                   ls[0] == 0 && ls[kSelected - 1] == n - 1;
+    const auto o = out.Download();
+    for (uint16_t bits : o) list_ok &= !std::isnan(gpu_test::Bf16BitsToFloat(bits));
+    if (!list_ok) {
+      std::printf("check: TokenSelect step at N=%lld FAILED (list or output)\n",
+                  static_cast<long long>(n));
+      return 1;
+    }
+    const int gr = quick ? 5 : 10;
+    const double t_selq = GraphMedianMs(selq, gr);
+    const double t_select = GraphMedianMs(select, gr);
+    const double t_build = GraphMedianMs(build, gr);
+    const double t_attn = GraphMedianMs(attend, gr);
+    const double t_step = GraphMedianMs(step, gr);
+    std::printf("%-10s %9.4f %9.4f %9.4f %9.4f %9.4f %10.4f %11.1fx\n",
+                (std::to_string(n >> 10) + "K").c_str(), t_selq, t_select, t_build, t_attn,
+                t_selq + t_select + t_build + t_attn, t_step, dense_ms[si] / t_step);
+    csv.Add("ours_step", n, t_step);
+    csv.Add("ours_step_select", n, t_select);
+    csv.Add("ours_step_attention", n, t_attn);
+  }
+  std::printf("dense/step: our dense chunk-512 PrefillAttention over N (a) / our TokenSelect step "
+              "(b), same binary\n");
+  if (csv.f != nullptr) std::fclose(csv.f);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tokenselect::kernels::cuda
+
+int main(int argc, char** argv) { return tokenselect::kernels::cuda::Main(argc, argv); }

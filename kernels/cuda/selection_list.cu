@@ -1,0 +1,115 @@
+// Glue kernels between selection and attention (selection_list.h).
+//
+// BuildSelectedList: one block of 1024 threads. Thread 0 finds how many picks lie before the
+//   window (picks are ascending, so the valid ones are a prefix: one binary search), every thread
+//   then writes a strided share of the sinks, the picks, the window and the new tokens. Lists are
+//   a few thousand entries, so one block is enough and keeps the length decision on the device.
+// FillDenseList / FillIota: plain grid-stride writes.
+#include "kernels/cuda/selection_list.h"
+
+namespace tokenselect::kernels::cuda {
+namespace {
+
+__global__ void SelectedListKernel(SelectedListParams p) {
+  __shared__ int32_t valid_picks;
+  const int64_t window_begin = p.num_cached - p.n_local;
+  if (threadIdx.x == 0) {
+    // Picks p are valid while n_init + p < window_begin: count them by binary search.
+    int64_t lo = 0, hi = p.picks == nullptr ? 0 : p.num_picks;
+    const int64_t limit = window_begin - p.n_init;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (p.picks[mid] < limit) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    valid_picks = static_cast<int32_t>(lo);
+    const int64_t selected = p.n_init + lo + p.n_local;
+    p.kv_indptr[0] = 0;
+    p.kv_indptr[1] = static_cast<int32_t>(selected + p.num_new);
+    if (p.counters != nullptr && p.hit != nullptr) {
+      const int32_t hit = *p.hit != 0 ? 1 : 0;
+      p.counters[0] += hit;
+      p.counters[1] += 1 - hit;
+    }
+  }
+  __syncthreads();
+  const int64_t num_valid = valid_picks;
+  const int64_t selected = p.n_init + num_valid + p.n_local;
+  const int64_t total = selected + p.num_new;
+  for (int64_t j = threadIdx.x; j < total; j += blockDim.x) {
+    int64_t token;
+    if (j < p.n_init) {
+      token = j;
+    } else if (j < p.n_init + num_valid) {
+      token = p.n_init + p.picks[j - p.n_init];
+    } else if (j < selected) {
+      token = window_begin + (j - p.n_init - num_valid);
+    } else {
+      token = p.num_cached + (j - selected);
+    }
+    p.kv_indices[j] = p.token_slots[token];
+    p.kv_positions[j] = static_cast<int32_t>(j);
+  }
+  for (int64_t i = threadIdx.x; i < p.num_new; i += blockDim.x) {
+    p.q_positions[i] = static_cast<int32_t>(selected + i);
+    p.visible[i] = static_cast<int32_t>(selected + i + 1);
+  }
+}
+
+__global__ void DenseListKernel(DenseListParams p) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i == 0) {
+    p.kv_indptr[0] = 0;
+    p.kv_indptr[1] = static_cast<int32_t>(p.num_cached + p.num_new);
+  }
+  if (i < p.num_new) {
+    p.q_positions[i] = static_cast<int32_t>(p.num_cached + i);
+    p.visible[i] = static_cast<int32_t>(p.num_cached + i + 1);
+  }
+}
+
+__global__ void IotaKernel(int32_t* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = static_cast<int32_t>(i);
+  }
+}
+
+}  // namespace
+
+cudaError_t BuildSelectedList(const SelectedListParams& p, cudaStream_t stream) {
+  if (p.kv_indptr == nullptr || p.kv_indices == nullptr || p.kv_positions == nullptr ||
+      p.token_slots == nullptr || (p.num_new > 0 && (p.q_positions == nullptr ||
+                                                      p.visible == nullptr)) ||
+      p.num_picks < 0 || p.num_cached < 0 || p.num_new < 0 || p.n_init < 0 || p.n_local < 0 ||
+      p.n_init + p.n_local > p.num_cached || (p.num_picks > 0 && p.picks == nullptr) ||
+      p.n_init + p.num_picks + p.n_local + p.num_new > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  SelectedListKernel<<<1, 1024, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t FillDenseList(const DenseListParams& p, cudaStream_t stream) {
+  if (p.kv_indptr == nullptr || p.num_cached < 0 || p.num_new < 0 ||
+      (p.num_new > 0 && (p.q_positions == nullptr || p.visible == nullptr)) ||
+      p.num_cached + p.num_new > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t n = p.num_new > 1 ? p.num_new : 1;
+  DenseListKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t FillIota(int32_t* out, int64_t n, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && out == nullptr)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
+  IotaKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(out, n);
+  return cudaGetLastError();
+}
+
+}  // namespace tokenselect::kernels::cuda
