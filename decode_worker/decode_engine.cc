@@ -13,6 +13,7 @@
 #include "engine/sampling/stop_checker.h"
 #include "engine/selection/selection_attention.h"
 #include "engine/transfer/kv_receiver.h"
+#include "engine/transfer/selection_state.h"
 #include "tokenizer/stream_decoder.h"
 
 namespace tokenselect::decode_worker {
@@ -29,7 +30,10 @@ class Session {
   absl::Mutex kv_mu;
   std::unique_ptr<engine::TokenTable> table;     // kv_mu until kRunning, then the loop thread's
   std::unique_ptr<engine::KvReceiver> receiver;  // kv_mu until kRunning, then the loop thread's
-  engine::KvFinal final;
+  engine::KvFinal final;                         // without its selection_states, which wait below
+  // The final record's per-layer selection state (empty for stateless policies): kv_mu until
+  // kRunning, then moved into `attention` by the loop thread.
+  std::vector<engine::SelectionLayerState> selection_states;
 
   // Guarded by the engine's mu_.
   State state = State::kReserved;
@@ -258,7 +262,7 @@ void DecodeEngine::ResetKv(const std::shared_ptr<Session>& s) {
 
 absl::StatusOr<engine::KvPushStats> DecodeEngine::FinishKv(const std::string& request_id,
                                                            const std::string& reservation_id,
-                                                           const engine::KvFinal& final) {
+                                                           engine::KvFinal final) {
   std::shared_ptr<Session> s = Find(request_id);
   {
     absl::MutexLock lock(&mu_);
@@ -278,7 +282,9 @@ absl::StatusOr<engine::KvPushStats> DecodeEngine::FinishKv(const std::string& re
     status = s->receiver->Finish(request_id, reservation_id, final);
     stats.tokens_received = s->receiver->tokens_complete();
     stats.bytes_received = s->receiver->bytes_received();
-    s->final = final;
+    if (status.ok()) s->selection_states = s->receiver->TakeSelectionStates();
+    final.selection_states.clear();
+    s->final = std::move(final);
   }
   if (!status.ok()) {
     ResetKv(s);
@@ -349,6 +355,16 @@ void DecodeEngine::StartRunning(const std::shared_ptr<Session>& s) {
       engine::SelectionAttention::Create(s->spec.selection, model_->config().num_layers);
   if (!attention.ok()) return fail(attention.status());
   s->attention = std::move(attention).value();
+  // The prefill worker's selection state (checked by the receiver): the decode steps go on
+  // from where its last chunk left it, as in one process.
+  std::vector<engine::SelectionLayerState> states;
+  {
+    absl::MutexLock kv_lock(&s->kv_mu);
+    states.swap(s->selection_states);
+  }
+  absl::Status restored = engine::RestoreSelectionStates(
+      std::move(states), model_->config().num_layers, s->attention.get());
+  if (!restored.ok()) return fail(restored);
   if (metrics_ != nullptr) {
     metrics_->queue_time().Observe(s->since_ready.ElapsedSeconds());
     s->policy_metrics = &metrics_->ForPolicy(s->spec.selection.policy);

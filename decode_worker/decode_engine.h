@@ -8,7 +8,9 @@
 //              every accepted block renews it) the reservation is freed and the session ends with
 //              DeadlineExceeded.
 //   AcceptKv / FinishKv  validate and write the K/V into the reserved slots (KvReceiver); the
-//              final record brings the first token (sampled by the prefill worker) and the seed.
+//              final record brings the first token (sampled by the prefill worker), the seed and
+//              the selection policy's per-layer state, restored into the request's
+//              SelectionAttention before its first decode step.
 //   decode loop  between steps, takes newly complete requests into the running batch (emitting
 //              their first token), then advances every running request by one token: forward
 //              (with the request's own SelectionAttention, hence its own selection cache),
@@ -148,9 +150,10 @@ class DecodeEngine {
   // another worker); the lease bounds the wait.
   absl::Status AcceptKv(const std::string& request_id, const std::string& reservation_id,
                         const engine::KvBlock& block);
+  // `final` is taken by value: its selection states move into the request.
   absl::StatusOr<engine::KvPushStats> FinishKv(const std::string& request_id,
                                                const std::string& reservation_id,
-                                               const engine::KvFinal& final);
+                                               engine::KvFinal final);
   // The KV stream broke before its final record: the reservation is rewound (see above).
   void AbortKv(const std::string& request_id, const std::string& reservation_id,
                const absl::Status& status);

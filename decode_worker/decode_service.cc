@@ -125,8 +125,8 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
                                                 wire::ToEngine(msg.mutable_chunk()));
         if (!status.ok()) return rpc::ToGrpcStatus(status);
       } else if (msg.has_final()) {
-        absl::StatusOr<engine::KvPushStats> stats =
-            engine_->FinishKv(msg.request_id(), msg.reservation_id(), wire::ToEngine(msg.final()));
+        absl::StatusOr<engine::KvPushStats> stats = engine_->FinishKv(
+            msg.request_id(), msg.reservation_id(), wire::ToEngine(msg.mutable_final()));
         if (!stats.ok()) return rpc::ToGrpcStatus(stats.status());
         response->set_tokens_received(stats->tokens_received);
         response->set_bytes_received(stats->bytes_received);

@@ -1,5 +1,6 @@
 #include "prefill_worker/metered_kv_transport.h"
 
+#include <string>
 #include <utility>
 
 #include "common/clock.h"
@@ -37,8 +38,15 @@ class MeteredKvStream : public engine::KvStream {
     return status;
   }
 
+  // The final record's selection state (span index, ...) counts as transferred bytes too.
   absl::StatusOr<engine::KvPushStats> Finish(const engine::KvFinal& final) override {
-    return inner_->Finish(final);
+    absl::StatusOr<engine::KvPushStats> stats = inner_->Finish(final);
+    if (stats.ok()) {
+      size_t bytes = 0;
+      for (const std::string& state : final.selection_states) bytes += state.size();
+      if (bytes > 0) children_->bytes->Increment(static_cast<double>(bytes));
+    }
+    return stats;
   }
 
   void Abort() override { inner_->Abort(); }

@@ -10,6 +10,7 @@
 #include "engine/kvcache/token_table.h"
 #include "engine/sampling/sampler.h"
 #include "engine/selection/selection_attention.h"
+#include "engine/transfer/selection_state.h"
 
 namespace tokenselect::prefill_worker {
 
@@ -259,6 +260,9 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::Forwar
   final.first_top_logprobs = std::move(first.top_logprobs);
   final.seed = sampler.seed();
   final.prefill_seconds = result.prefill_seconds;
+  // Last in the stream, after every block: the state a stateful policy built over the prompt
+  // (nothing for stateless ones), so the decode worker's selection continues from it.
+  final.selection_states = engine::CollectSelectionStates(*attention, model_->config().num_layers);
   RETURN_IF_ERROR(check_alive());
   ASSIGN_OR_RETURN(engine::KvPushStats pushed, sender.Finish(std::move(final)));
   (void)pushed;

@@ -4,7 +4,8 @@
 // SelectionAttention, so non-dense policies select with the chunk's mean query), with each
 // finished chunk's K/V handed to a PipelinedKvSender that pushes it to the decode worker while the
 // next chunk is computed; then the first token is sampled (the request's seed, or one picked here
-// and sent along in KvFinal) and the stream is finished. docs/DESIGN.md section 2 step 3.
+// and sent along in KvFinal) and the stream is finished with it and the selection policy's
+// per-layer state (engine/transfer/selection_state.h). docs/DESIGN.md section 2 step 3.
 //
 // Cancel (by request id), the job's deadline and shutdown abort a job between chunks and while it
 // waits for the transfer; every end frees the job's pages and closes its KV stream.

@@ -106,16 +106,20 @@ engine::KvBlock ToEngine(v1::KvChunk* c) {
   return b;
 }
 
-engine::KvFinal ToEngine(const v1::KvFinal& f) {
+engine::KvFinal ToEngine(v1::KvFinal* f) {
   engine::KvFinal out;
-  out.first_token_id = f.first_token_id();
-  if (f.has_first_token_logprob()) out.first_token_logprob = f.first_token_logprob();
-  for (const v1::TokenLogprob& t : f.first_top_logprobs()) {
+  out.first_token_id = f->first_token_id();
+  if (f->has_first_token_logprob()) out.first_token_logprob = f->first_token_logprob();
+  for (const v1::TokenLogprob& t : f->first_top_logprobs()) {
     out.first_top_logprobs.push_back({t.token_id(), t.logprob()});
   }
-  out.seed = f.seed();
-  out.num_chunks = f.num_chunks();
-  out.prefill_seconds = f.prefill_seconds();
+  out.seed = f->seed();
+  out.num_chunks = f->num_chunks();
+  out.prefill_seconds = f->prefill_seconds();
+  out.selection_states.reserve(static_cast<size_t>(f->selection_states_size()));
+  for (std::string& state : *f->mutable_selection_states()) {
+    out.selection_states.push_back(std::move(state));
+  }
   return out;
 }
 
@@ -151,6 +155,7 @@ void ToWire(const engine::KvFinal& f, v1::KvFinal* out) {
   out->set_seed(f.seed);
   out->set_num_chunks(f.num_chunks);
   out->set_prefill_seconds(f.prefill_seconds);
+  for (const std::string& state : f.selection_states) out->add_selection_states(state);
 }
 
 }  // namespace tokenselect::wire

@@ -34,7 +34,9 @@ void ToWire(engine::KvBlock block, v1::KvChunk* out);
 // Moves the payload out of `chunk`.
 engine::KvBlock ToEngine(v1::KvChunk* chunk);
 void ToWire(const engine::KvFinal& final, v1::KvFinal* out);
-engine::KvFinal ToEngine(const v1::KvFinal& final);
+// Moves the selection states out of `final` (they can be large: 4 bytes per prompt token and
+// layer of received attention, plus span indexes).
+engine::KvFinal ToEngine(v1::KvFinal* final);
 
 }  // namespace tokenselect::wire
 

@@ -61,7 +61,8 @@ struct KvBlock {
   std::string data;
 };
 
-// The end of a stream: the first sampled token and the seed that sampled it.
+// The end of a stream: the first sampled token, the seed that sampled it and the selection
+// policy's per-layer state.
 struct KvFinal {
   int32_t first_token_id = -1;
   std::optional<float> first_token_logprob;
@@ -69,6 +70,10 @@ struct KvFinal {
   uint64_t seed = 0;
   int64_t num_chunks = 0;
   double prefill_seconds = 0;
+  // Per layer, in layer order, the SerializeLayerState bytes (engine/selection/layer_state.h)
+  // of the request's SelectionAttention after the last prefill chunk; empty when the policy
+  // kept no state (selection_state.h).
+  std::vector<std::string> selection_states;
 };
 
 // A block to be cut: its ranges (the caller's plan, see PlanKvBlocks).

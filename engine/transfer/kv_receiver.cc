@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "engine/transfer/selection_state.h"
 
 namespace tokenselect::engine {
 
@@ -143,12 +144,23 @@ absl::Status KvReceiver::Finish(absl::string_view request_id, absl::string_view 
     status = absl::InvalidArgumentError(
         absl::StrCat("final.first_token_id must be >= 0, got ", final.first_token_id));
   }
+  std::vector<SelectionLayerState> states;
+  if (status.ok()) {
+    absl::StatusOr<std::vector<SelectionLayerState>> decoded =
+        DecodeSelectionStates(final.selection_states, layout_.num_layers, prompt_tokens_);
+    if (decoded.ok()) {
+      states = std::move(decoded).value();
+    } else {
+      status = decoded.status();
+    }
+  }
   if (!status.ok()) {
     failed_ = true;
     return status;
   }
   ASSIGN_OR_RETURN(int64_t first, table_->Append(prompt_tokens_));
   (void)first;
+  selection_states_ = std::move(states);
   finished_ = true;
   return absl::OkStatus();
 }

@@ -1,7 +1,8 @@
 // The receiving end of one request's K/V stream on the decode worker: validates every block
 // against the reservation (ids, layer and token ranges, dtype, shape, payload size, checksum,
 // ordering) and writes it into the request's reserved slots; Finish checks that every
-// (layer, token) of the prompt arrived exactly once (docs/kv_transfer.md).
+// (layer, token) of the prompt arrived exactly once and decodes the selection state carried by
+// the final record (docs/kv_transfer.md).
 //
 // Ordering rule: for every layer, blocks cover its tokens in increasing, contiguous order (the
 // sender's PlanKvBlocks order); sequence numbers are consecutive from 0. Anything else is
@@ -13,11 +14,13 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "engine/kvcache/token_table.h"
+#include "engine/selection/layer_state.h"
 #include "engine/transfer/kv_format.h"
 
 namespace tokenselect::engine {
@@ -36,10 +39,17 @@ class KvReceiver {
   absl::Status Accept(absl::string_view request_id, absl::string_view reservation_id,
                       const KvBlock& block);
 
-  // Checks the final record: ids, num_chunks equal to the blocks accepted, every layer complete.
-  // On success the table's length becomes prompt_tokens. InvalidArgument otherwise.
+  // Checks the final record: ids, num_chunks equal to the blocks accepted, every layer complete,
+  // first_token_id, and selection_states (0 or num_layers entries, each a valid layer state
+  // within the prompt: selection_state.h DecodeSelectionStates). On success the table's length
+  // becomes prompt_tokens and the decoded states wait in TakeSelectionStates. InvalidArgument
+  // naming the field otherwise (the receiver stays failed).
   absl::Status Finish(absl::string_view request_id, absl::string_view reservation_id,
                       const KvFinal& final);
+
+  // After a successful Finish: the per-layer selection states of the final record (empty when
+  // it carried none), moved out; a second call returns an empty vector.
+  std::vector<SelectionLayerState> TakeSelectionStates() { return std::move(selection_states_); }
 
   bool finished() const { return finished_; }
   int64_t blocks_received() const { return next_sequence_; }
@@ -59,6 +69,7 @@ class KvReceiver {
   std::vector<int64_t> next_token_;  // per layer: tokens [0, next) received
   int64_t next_sequence_ = 0;
   int64_t bytes_received_ = 0;
+  std::vector<SelectionLayerState> selection_states_;  // decoded by Finish
   bool finished_ = false;
   bool failed_ = false;
 };

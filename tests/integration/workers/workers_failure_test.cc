@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/selection/layer_state.h"
 #include "tests/integration/workers/workers_fixture.h"
 
 namespace tokenselect::testing {
@@ -261,6 +262,133 @@ TEST_F(WorkersTest, BadKvIsRejectedAndThePrefillCanBeRetried) {
   }
   ASSERT_TRUE(reader->Finish().ok());
   EXPECT_EQ(ids, Reference(request, engine::SelectionOptions{}).token_ids);
+}
+
+// A hand-driven PushKv: complete K/V (zeros, one block per layer) for `reservation`, then a final
+// record with `selection_states`. Returns the decode worker's verdict.
+grpc::Status PushKvWithStates(pb::DecodeWorker::Stub* stub, const std::string& request_id,
+                              const pb::Reservation& reservation,
+                              const std::vector<std::string>& selection_states) {
+  const pb::KvLayout& layout = reservation.layout();
+  const int64_t tokens = reservation.prompt_tokens();
+  grpc::ClientContext ctx;
+  pb::PushKvResponse response;
+  auto writer = stub->PushKv(&ctx, &response);
+  for (int32_t l = 0; l < layout.num_layers(); ++l) {
+    pb::PushKvMessage msg;
+    msg.set_request_id(request_id);
+    msg.set_reservation_id(reservation.reservation_id());
+    pb::KvChunk* chunk = msg.mutable_chunk();
+    chunk->set_sequence(l);
+    chunk->set_layer_begin(l);
+    chunk->set_layer_end(l + 1);
+    chunk->set_token_begin(0);
+    chunk->set_token_end(tokens);
+    chunk->set_dtype(pb::KV_DTYPE_F32);
+    for (int64_t d : {int64_t{1}, int64_t{2}, tokens, int64_t{layout.num_kv_heads()},
+                      int64_t{layout.head_dim()}}) {
+      chunk->add_shape(d);
+    }
+    chunk->set_data(std::string(
+        static_cast<size_t>(2 * tokens * layout.num_kv_heads() * layout.head_dim() * 4), '\0'));
+    if (!writer->Write(msg)) break;
+  }
+  pb::PushKvMessage last;
+  last.set_request_id(request_id);
+  last.set_reservation_id(reservation.reservation_id());
+  last.mutable_final()->set_first_token_id(1);
+  last.mutable_final()->set_num_chunks(layout.num_layers());
+  for (const std::string& state : selection_states) {
+    last.mutable_final()->add_selection_states(state);
+  }
+  writer->Write(last);
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+TEST_F(WorkersTest, BadSelectionStateIsRejectedAndThePrefillCanBeRetried) {
+  pb::WorkerRequest request = Request("state-1", 40, 6);
+  pb::SelectionParams* selection = request.mutable_selection();
+  selection->set_policy(pb::SELECTION_POLICY_INFLLM);
+  selection->set_k(8);
+  selection->set_n_init(2);
+  selection->set_n_local(4);
+  selection->set_chunk_size(16);
+  auto stub = DecodeStub(decode_->address());
+  grpc::ClientContext dctx;
+  pb::DecodeRequest dreq;
+  *dreq.mutable_request() = request;
+  auto reader = stub->Decode(&dctx, dreq);
+  pb::DecodeResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  const pb::Reservation reservation = msg.reservation();
+  const int layers = reservation.layout().num_layers();
+  ASSERT_GT(layers, 1);
+
+  // A wrong count: one entry for a model of several layers.
+  grpc::Status status = PushKvWithStates(stub.get(), "state-1", reservation, {"x"});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("final.selection_states has 1 entries"), std::string::npos)
+      << status.error_message();
+  // The right count, but layer 1 does not decode (the others are valid empty states).
+  std::vector<std::string> corrupt(static_cast<size_t>(layers),
+                                   engine::SerializeLayerState(engine::SelectionLayerState()));
+  corrupt[1] = "TSLS garbage";
+  status = PushKvWithStates(stub.get(), "state-1", reservation, corrupt);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("final.selection_states[1]"), std::string::npos)
+      << status.error_message();
+
+  // Nothing was decoded on the rejected state: a retried prefill completes the request and its
+  // output equals one process's (the state restored this time).
+  grpc::ClientContext pctx;
+  pb::PrefillRequest preq;
+  *preq.mutable_request() = request;
+  preq.set_decode_worker_address(decode_->address());
+  *preq.mutable_reservation() = reservation;
+  pb::PrefillResponse presp;
+  grpc::Status prefill = prefill_stub_->Prefill(&pctx, preq, &presp);
+  ASSERT_TRUE(prefill.ok()) << prefill.error_message();
+  std::vector<int32_t> ids;
+  while (reader->Read(&msg)) {
+    for (int32_t id : msg.tokens().token_ids()) ids.push_back(id);
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  engine::SelectionOptions options;
+  options.policy = engine::SelectionPolicyKind::kInfLlm;
+  options.k = 8;
+  options.n_init = 2;
+  options.n_local = 4;
+  options.chunk_size = 16;
+  EXPECT_EQ(ids, Reference(request, options).token_ids);
+  EXPECT_TRUE(WaitForFreePages(decode_.get(), 64));
+}
+
+TEST_F(WorkersTest, CancelAfterABadSelectionStateFreesThePages) {
+  pb::WorkerRequest request = Request("state-2", 40, 6);
+  request.mutable_selection()->set_policy(pb::SELECTION_POLICY_CASCADE);
+  auto stub = DecodeStub(decode_->address());
+  grpc::ClientContext dctx;
+  pb::DecodeRequest dreq;
+  *dreq.mutable_request() = request;
+  auto reader = stub->Decode(&dctx, dreq);
+  pb::DecodeResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  const pb::Reservation reservation = msg.reservation();
+  EXPECT_LT(decode_->engine().pool().num_free_pages(), 64);
+  std::vector<std::string> corrupt(static_cast<size_t>(reservation.layout().num_layers()),
+                                   std::string(64, '\x5a'));
+  grpc::Status status = PushKvWithStates(stub.get(), "state-2", reservation, corrupt);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("final.selection_states[0]"), std::string::npos)
+      << status.error_message();
+  // The router gives up: cancelling the Decode stream frees the reservation at once.
+  dctx.TryCancel();
+  while (reader->Read(&msg)) {
+    EXPECT_FALSE(msg.has_tokens()) << "decoded on a rejected selection state";
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitForFreePages(decode_.get(), 64));
 }
 
 }  // namespace

@@ -165,25 +165,24 @@ TEST_F(WorkersTest, GetLoadReportsCapacity) {
   EXPECT_EQ(load.queued_prefill_tokens(), 0);
 }
 
-TEST_F(WorkersTest, EveryPolicyRunsAndStatelessOnesMatchGenerator) {
-  // The decode worker's provider starts empty: policies whose decode-time choice depends on the
-  // cached keys alone give the single-process output exactly. tokenselect_span (span index),
-  // infllm (representative keys chosen by the attention received in prefill) and cascade
-  // (sub-cache state) build per-layer state during prefill that is not transferred yet
-  // (docs/kv_transfer.md, "Not yet carried"): they must run, but may differ.
+TEST_F(WorkersTest, EveryPolicyMatchesGenerator) {
+  // The budget (4 + 32 + 16) is far below the 200-token prompt, so every policy selects. The
+  // stateful ones (tokenselect_span: span index; infllm: received attention; cascade: its
+  // sub-caches) build per-layer state during prefill that travels in the KV stream's final
+  // record (docs/kv_transfer.md, "Selection state"): the decode worker continues from it, so
+  // they too equal the single-process output token for token.
   struct Case {
     pb::SelectionPolicy wire;
     engine::SelectionPolicyKind policy;
-    bool must_match;
   };
   const std::vector<Case> cases = {
-      {pb::SELECTION_POLICY_TOPK, engine::SelectionPolicyKind::kTopK, true},
-      {pb::SELECTION_POLICY_HEAD_VOTE, engine::SelectionPolicyKind::kHeadVote, true},
-      {pb::SELECTION_POLICY_STREAMING, engine::SelectionPolicyKind::kStreaming, true},
-      {pb::SELECTION_POLICY_INFLLM, engine::SelectionPolicyKind::kInfLlm, false},
-      {pb::SELECTION_POLICY_QUEST, engine::SelectionPolicyKind::kQuest, true},
-      {pb::SELECTION_POLICY_TOKENSELECT_SPAN, engine::SelectionPolicyKind::kTokenSelectSpan, false},
-      {pb::SELECTION_POLICY_CASCADE, engine::SelectionPolicyKind::kCascade, false}};
+      {pb::SELECTION_POLICY_TOPK, engine::SelectionPolicyKind::kTopK},
+      {pb::SELECTION_POLICY_HEAD_VOTE, engine::SelectionPolicyKind::kHeadVote},
+      {pb::SELECTION_POLICY_STREAMING, engine::SelectionPolicyKind::kStreaming},
+      {pb::SELECTION_POLICY_INFLLM, engine::SelectionPolicyKind::kInfLlm},
+      {pb::SELECTION_POLICY_QUEST, engine::SelectionPolicyKind::kQuest},
+      {pb::SELECTION_POLICY_TOKENSELECT_SPAN, engine::SelectionPolicyKind::kTokenSelectSpan},
+      {pb::SELECTION_POLICY_CASCADE, engine::SelectionPolicyKind::kCascade}};
   int n = 0;
   for (const Case& c : cases) {
     pb::WorkerRequest request = Request("policy-" + std::to_string(n++), 200, 12);
@@ -198,7 +197,6 @@ TEST_F(WorkersTest, EveryPolicyRunsAndStatelessOnesMatchGenerator) {
     ASSERT_TRUE(out.prefill_status.ok()) << name << ": " << out.prefill_status.error_message();
     ASSERT_TRUE(out.decode_status.ok()) << name << ": " << out.decode_status.error_message();
     EXPECT_EQ(out.ids.size(), 12u) << name;
-    if (!c.must_match) continue;
     engine::SelectionOptions selection;
     selection.policy = c.policy;
     selection.k = 32;
@@ -207,6 +205,53 @@ TEST_F(WorkersTest, EveryPolicyRunsAndStatelessOnesMatchGenerator) {
     selection.chunk_size = 32;
     EXPECT_EQ(out.ids, Reference(request, selection).token_ids) << name;
   }
+}
+
+TEST_F(WorkersTest, InfLlmWithSmallBlocksMatchesGenerator) {
+  // With the default 128-token blocks a k of 32 selects no block, so InfLLM's received attention
+  // (its representative keys) would not matter above; with 8-token blocks it picks 4 blocks by
+  // representatives chosen from the attention received during prefill, which only the final
+  // record's selection state gives the decode worker.
+  engine::SelectionOptions selection;
+  selection.policy = engine::SelectionPolicyKind::kInfLlm;
+  selection.baselines.infllm_block_size = 8;
+  selection.baselines.infllm_representatives = 2;
+  prefill_->Shutdown(absl::Seconds(1));
+  prefill_worker::PrefillWorkerOptions p;
+  p.model_dir = *model_dir_;
+  p.engine.kv_pages = 64;
+  p.default_selection = selection;
+  auto prefill = prefill_worker::StartPrefillWorker(p);
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  prefill_ = std::move(prefill).value();
+  prefill_stub_ = pb::PrefillWorker::NewStub(
+      grpc::CreateChannel(prefill_->address(), grpc::InsecureChannelCredentials()));
+  decode_worker::DecodeWorkerOptions d;
+  d.model = loaded_->model.get();
+  d.tokenizer = loaded_->tokenizer.get();
+  d.engine.kv_pages = 64;
+  d.engine.page_size = 16;
+  d.default_selection = selection;
+  auto decode = decode_worker::StartDecodeWorker(d);
+  ASSERT_TRUE(decode.ok()) << decode.status();
+
+  pb::WorkerRequest request = Request("infllm-blocks", 200, 12);
+  pb::SelectionParams* s = request.mutable_selection();
+  s->set_policy(pb::SELECTION_POLICY_INFLLM);
+  s->set_k(32);
+  s->set_n_init(4);
+  s->set_n_local(16);
+  s->set_chunk_size(32);
+  Outcome out = Run(request, decode->get());
+  ASSERT_TRUE(out.prefill_status.ok()) << out.prefill_status.error_message();
+  ASSERT_TRUE(out.decode_status.ok()) << out.decode_status.error_message();
+  selection.k = 32;
+  selection.n_init = 4;
+  selection.n_local = 16;
+  selection.chunk_size = 32;
+  EXPECT_EQ(out.ids, Reference(request, selection).token_ids);
+  (*decode)->Shutdown(absl::Seconds(1));
+  EXPECT_TRUE((*decode)->engine().pool().CheckNoLeaks().ok());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/selection/layer_state.h"
 #include "gtest/gtest.h"
 #include "tests/unit/engine/transfer/kv_test_util.h"
 
@@ -168,6 +169,56 @@ TEST_F(KvReceiverTest, FinishRejectsMissingFirstToken) {
   f.first_token_id = -1;
   absl::Status s = receiver_.Finish("req", "rsv", f);
   EXPECT_NE(s.message().find("first_token_id"), std::string::npos) << s;
+}
+
+// A valid serialised state for layer l over the prompt (received attention only).
+std::string LayerStateBytes(int64_t l) {
+  SelectionLayerState state;
+  for (int64_t t = 0; t < kPrompt; ++t) state.received.push_back(static_cast<float>(l * 10 + t));
+  return SerializeLayerState(state);
+}
+
+TEST_F(KvReceiverTest, FinishCarriesTheSelectionStatesOfEveryLayer) {
+  ASSERT_TRUE(receiver_.Accept("req", "rsv", Blocks(1 << 20)[0]).ok());
+  KvFinal f = Final(1);
+  for (int64_t l = 0; l < 3; ++l) f.selection_states.push_back(LayerStateBytes(l));
+  ASSERT_TRUE(receiver_.Finish("req", "rsv", f).ok());
+  std::vector<SelectionLayerState> states = receiver_.TakeSelectionStates();
+  ASSERT_EQ(states.size(), 3u);
+  for (int64_t l = 0; l < 3; ++l) {
+    ASSERT_EQ(states[l].received.size(), static_cast<size_t>(kPrompt));
+    EXPECT_EQ(states[l].received[1], static_cast<float>(l * 10 + 1));
+  }
+  EXPECT_TRUE(receiver_.TakeSelectionStates().empty());
+}
+
+TEST_F(KvReceiverTest, FinishWithoutSelectionStatesIsStateless) {
+  ASSERT_TRUE(receiver_.Accept("req", "rsv", Blocks(1 << 20)[0]).ok());
+  ASSERT_TRUE(receiver_.Finish("req", "rsv", Final(1)).ok());
+  EXPECT_TRUE(receiver_.TakeSelectionStates().empty());
+}
+
+TEST_F(KvReceiverTest, FinishRejectsAWrongSelectionStateCount) {
+  ASSERT_TRUE(receiver_.Accept("req", "rsv", Blocks(1 << 20)[0]).ok());
+  KvFinal f = Final(1);
+  f.selection_states = {LayerStateBytes(0), LayerStateBytes(1)};  // 2 of 3 layers
+  absl::Status s = receiver_.Finish("req", "rsv", f);
+  ExpectRejected(s, "final.selection_states");
+  EXPECT_NE(s.message().find("has 2 entries"), std::string::npos) << s;
+  EXPECT_EQ(dst_.length(), 0);  // not runnable
+  EXPECT_FALSE(receiver_.finished());
+  EXPECT_TRUE(receiver_.TakeSelectionStates().empty());
+}
+
+TEST_F(KvReceiverTest, FinishRejectsACorruptSelectionState) {
+  ASSERT_TRUE(receiver_.Accept("req", "rsv", Blocks(1 << 20)[0]).ok());
+  KvFinal f = Final(1);
+  for (int64_t l = 0; l < 3; ++l) f.selection_states.push_back(LayerStateBytes(l));
+  f.selection_states[2][12] = static_cast<char>(f.selection_states[2][12] ^ 0x01);
+  absl::Status s = receiver_.Finish("req", "rsv", f);
+  ExpectRejected(s, "final.selection_states[2]");
+  EXPECT_EQ(dst_.length(), 0);
+  EXPECT_FALSE(receiver_.finished());
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/status.h"
+#include "engine/selection/selection_attention.h"
 #include "engine/transfer/kv_receiver.h"
+#include "engine/transfer/selection_state.h"
 #include "gtest/gtest.h"
 #include "tests/unit/engine/transfer/kv_test_util.h"
 
@@ -81,6 +83,37 @@ TEST_F(PipelinedKvSenderTest, SendsChunksInOrderAndFinishes) {
   EXPECT_EQ(sender.blocks_sent(), receiver_.blocks_received());
   EXPECT_EQ(sender.bytes_sent(), 20 * 2 * 2 * 2 * 4 * 4);
   ExpectPattern(dst_, 20);
+}
+
+TEST_F(PipelinedKvSenderTest, FinalRecordCarriesTheSelectionStateLast) {
+  // The sender's provider after prefill (infllm: received attention per token, per layer).
+  SelectionOptions o;
+  o.policy = SelectionPolicyKind::kInfLlm;
+  auto sent = SelectionAttention::Create(o, 2);
+  ASSERT_TRUE(sent.ok());
+  for (int64_t l = 0; l < 2; ++l) {
+    for (int64_t t = 0; t < 20; ++t) {
+      (*sent)->mutable_layer_state(l)->received.push_back(0.5f * static_cast<float>(t + l));
+    }
+  }
+  auto stream = std::make_unique<FakeStream>(&receiver_);
+  PipelinedKvSender sender(std::move(stream), src_pool_.get(), options_);
+  ASSERT_TRUE(sender.SendChunk(src_, 0, 12).ok());
+  ASSERT_TRUE(sender.SendChunk(src_, 12, 20).ok());
+  KvFinal final;
+  final.first_token_id = 3;
+  final.selection_states = CollectSelectionStates(**sent, 2);
+  ASSERT_EQ(final.selection_states.size(), 2u);
+  auto stats = sender.Finish(final);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ExpectPattern(dst_, 20);
+  // The decode side restores it into a fresh provider: the same state in every layer.
+  auto restored = SelectionAttention::Create(o, 2);
+  ASSERT_TRUE(restored.ok());
+  ASSERT_TRUE(RestoreSelectionStates(receiver_.TakeSelectionStates(), 2, restored->get()).ok());
+  for (int64_t l = 0; l < 2; ++l) {
+    EXPECT_EQ((*restored)->layer_state(l).received, (*sent)->layer_state(l).received) << l;
+  }
 }
 
 TEST_F(PipelinedKvSenderTest, StreamErrorIsReturned) {
