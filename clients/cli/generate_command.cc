@@ -1,6 +1,7 @@
-// tokenselect generate --model DIR --prompt TEXT [--chat] [sampling flags]
-// Offline generation on the CPU engine: loads the checkpoint (or dummy weights of its shape),
-// streams the generated text to stdout as it is produced, and prints a summary to stderr.
+// tokenselect generate --model DIR --prompt TEXT [--chat] [--device cpu|cuda] [sampling flags]
+// Offline generation on the engine (the CPU backend, or with --device cuda the GPU backend of
+// CUDA builds): loads the checkpoint (or dummy weights of its shape), streams the generated text
+// to stdout as it is produced, and prints a summary to stderr.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -18,6 +19,9 @@
 #include "engine/generation/model_loader.h"
 #include "engine/kvcache/page_pool.h"
 #include "engine/selection/selection_options.h"
+#ifdef TS_HAVE_CUDA_BACKEND
+#include "engine/generation/cuda_backend.h"
+#endif
 
 ABSL_FLAG(std::string, model, "", "generate: Hugging Face checkpoint directory.");
 ABSL_FLAG(std::string, load_format, "auto",
@@ -55,6 +59,11 @@ ABSL_FLAG(double, theta, 0.9,
           "generate: selection-cache cosine threshold in [-1, 1]; above 1 disables the cache.");
 ABSL_FLAG(int64_t, chunk_size, 512, "generate: prompt tokens per prefill step (chunked prefill).");
 ABSL_FLAG(int64_t, page_size, 16, "generate: KV cache page size in tokens.");
+ABSL_FLAG(std::string, device, "cpu",
+          "generate: cpu, or cuda (GPU 0, bf16; CUDA builds only; policies tokenselect, topk, "
+          "dense, streaming).");
+ABSL_FLAG(int64_t, max_context, 131072,
+          "generate: with --device cuda, the KV capacity in tokens (prompt + new tokens).");
 
 // --server (remote_commands.cc): run the request on a router instead of offline.
 ABSL_DECLARE_FLAG(std::string, server);
@@ -158,6 +167,44 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const tokenizer::Tokenizer& tok) 
   return tok.Encode(rendered, /*add_special_tokens=*/false);
 }
 
+// The CPU backend: weights in host memory, a KV pool that holds exactly this request.
+absl::StatusOr<engine::GenerationResult> GenerateOnCpu(engine::LoadFormat format,
+                                                       const engine::GenerationOptions& options,
+                                                       const engine::TokenCallback& on_token) {
+  ASSIGN_OR_RETURN(engine::LoadedModel loaded,
+                   engine::LoadModelDirectory(absl::GetFlag(FLAGS_model), format,
+                                              absl::GetFlag(FLAGS_dummy_seed)));
+  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(*loaded.tokenizer));
+  // A pool that holds exactly this request: prompt + max_new_tokens, rounded up to pages.
+  const int64_t page_size = absl::GetFlag(FLAGS_page_size);
+  const int64_t tokens = static_cast<int64_t>(prompt.size()) + options.sampling.max_new_tokens;
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::PagePool> pool,
+                   engine::PagePool::Create(loaded.model->KvCacheOptions(
+                       (tokens + page_size - 1) / page_size, page_size)));
+  engine::Generator generator(loaded.model.get(), loaded.tokenizer.get(), pool.get());
+  return generator.Generate(prompt, options, on_token);
+}
+
+#ifdef TS_HAVE_CUDA_BACKEND
+// The GPU backend: bf16 weights and KV on GPU 0, sized for --max_context tokens.
+absl::StatusOr<engine::GenerationResult> GenerateOnCuda(engine::LoadFormat format,
+                                                        const engine::GenerationOptions& options,
+                                                        const engine::TokenCallback& on_token) {
+  engine::CudaModelOptions cuda;
+  cuda.max_chunk = options.selection.chunk_size;
+  cuda.page_size = absl::GetFlag(FLAGS_page_size);
+  cuda.max_tokens = absl::GetFlag(FLAGS_max_context);
+  if (cuda.max_tokens < 1) return absl::InvalidArgumentError("--max_context must be >= 1");
+  ASSIGN_OR_RETURN(engine::LoadedCudaModel loaded,
+                   engine::LoadCudaModelDirectory(absl::GetFlag(FLAGS_model), format,
+                                                  absl::GetFlag(FLAGS_dummy_seed), cuda));
+  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(*loaded.tokenizer));
+  engine::CudaBackend backend(loaded.model.get());
+  engine::Generator generator(&backend, loaded.tokenizer.get());
+  return generator.Generate(prompt, options, on_token);
+}
+#endif
+
 }  // namespace
 
 absl::Status RunGenerate(const std::vector<std::string>& args) {
@@ -169,33 +216,33 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("--model is required");
   ASSIGN_OR_RETURN(engine::LoadFormat format,
                    engine::ParseLoadFormat(absl::GetFlag(FLAGS_load_format)));
-  ASSIGN_OR_RETURN(engine::SamplingParams sampling, SamplingFromFlags());
-  ASSIGN_OR_RETURN(engine::SelectionOptions selection, SelectionFromFlags());
-  ASSIGN_OR_RETURN(engine::LoadedModel loaded,
-                   engine::LoadModelDirectory(absl::GetFlag(FLAGS_model), format,
-                                              absl::GetFlag(FLAGS_dummy_seed)));
-  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(*loaded.tokenizer));
-
-  // A pool that holds exactly this request: prompt + max_new_tokens, rounded up to pages.
-  const int64_t page_size = absl::GetFlag(FLAGS_page_size);
-  if (page_size < 1) return absl::InvalidArgumentError("--page_size must be >= 1");
-  const int64_t tokens = static_cast<int64_t>(prompt.size()) + sampling.max_new_tokens;
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::PagePool> pool,
-                   engine::PagePool::Create(loaded.model->KvCacheOptions(
-                       (tokens + page_size - 1) / page_size, page_size)));
-
+  if (absl::GetFlag(FLAGS_page_size) < 1) {
+    return absl::InvalidArgumentError("--page_size must be >= 1");
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu" && device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device must be cpu or cuda, got '", device, "'"));
+  }
   engine::GenerationOptions options;
-  options.sampling = sampling;
-  options.selection = selection;
-  engine::Generator generator(loaded.model.get(), loaded.tokenizer.get(), pool.get());
+  ASSIGN_OR_RETURN(options.sampling, SamplingFromFlags());
+  ASSIGN_OR_RETURN(options.selection, SelectionFromFlags());
   std::vector<std::string> logprob_lines;
-  ASSIGN_OR_RETURN(
-      engine::GenerationResult result,
-      generator.Generate(prompt, options, [&](const engine::GeneratedToken& token) {
-        std::fputs(token.text.c_str(), stdout);
-        std::fflush(stdout);
-        if (token.logprob) logprob_lines.push_back(absl::StrCat(token.id, ":", *token.logprob));
-      }));
+  const engine::TokenCallback on_token = [&](const engine::GeneratedToken& token) {
+    std::fputs(token.text.c_str(), stdout);
+    std::fflush(stdout);
+    if (token.logprob) logprob_lines.push_back(absl::StrCat(token.id, ":", *token.logprob));
+  };
+  engine::GenerationResult result;
+  if (device == "cuda") {
+#ifdef TS_HAVE_CUDA_BACKEND
+    ASSIGN_OR_RETURN(result, GenerateOnCuda(format, options, on_token));
+#else
+    return absl::UnimplementedError("--device cuda: this build has no CUDA backend");
+#endif
+  } else {
+    ASSIGN_OR_RETURN(result, GenerateOnCpu(format, options, on_token));
+  }
   std::fputs("\n", stdout);
   if (absl::GetFlag(FLAGS_print_ids)) {
     std::printf("ids: %s\n", absl::StrJoin(result.token_ids, ",").c_str());
@@ -203,7 +250,7 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   if (!logprob_lines.empty()) {
     std::printf("logprobs: %s\n", absl::StrJoin(logprob_lines, " ").c_str());
   }
-  PrintSummary(result, selection);
+  PrintSummary(result, options.selection);
   return absl::OkStatus();
 }
 

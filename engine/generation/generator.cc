@@ -14,8 +14,15 @@
 namespace tokenselect::engine {
 
 Generator::Generator(const Model* model, const tokenizer::Tokenizer* tokenizer, PagePool* pool)
-    : model_(model), tokenizer_(tokenizer), pool_(pool) {
-  for (int64_t id : model_->config().eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+    : Generator(new CpuBackend(model, pool), tokenizer) {
+  owned_backend_.reset(backend_);
+}
+
+Generator::Generator(GenerationBackend* backend, const tokenizer::Tokenizer* tokenizer)
+    : backend_(backend), tokenizer_(tokenizer) {
+  for (int64_t id : backend_->config().eos_token_ids) {
+    eos_ids_.push_back(static_cast<int32_t>(id));
+  }
   for (int32_t id : tokenizer_->eos_ids()) eos_ids_.push_back(id);
   std::sort(eos_ids_.begin(), eos_ids_.end());
   eos_ids_.erase(std::unique(eos_ids_.begin(), eos_ids_.end()), eos_ids_.end());
@@ -24,7 +31,7 @@ Generator::Generator(const Model* model, const tokenizer::Tokenizer* tokenizer, 
 absl::StatusOr<GenerationResult> Generator::Generate(absl::Span<const int32_t> prompt,
                                                      const GenerationOptions& options,
                                                      const TokenCallback& on_token) const {
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = backend_->config().vocab_size;
   if (prompt.empty()) return absl::InvalidArgumentError("prompt must not be empty");
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= vocab) {
@@ -34,35 +41,27 @@ absl::StatusOr<GenerationResult> Generator::Generate(absl::Span<const int32_t> p
     }
   }
   ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(options.sampling, static_cast<int>(vocab)));
-  ASSIGN_OR_RETURN(std::unique_ptr<SelectionAttention> attention,
-                   SelectionAttention::Create(options.selection, model_->config().num_layers));
-
   const common::Stopwatch total;
   GenerationResult result;
   result.stats.prompt_tokens = static_cast<int64_t>(prompt.size());
-  TokenTable table(pool_, common::NewId("gen"));
   // The whole request's KV up front: a request that starts never runs out mid-way.
-  RETURN_IF_ERROR(table.Reserve(result.stats.prompt_tokens + options.sampling.max_new_tokens));
+  ASSIGN_OR_RETURN(std::unique_ptr<SequenceRunner> runner,
+                   backend_->Start(result.stats.prompt_tokens + options.sampling.max_new_tokens,
+                                   options.selection));
 
-  ForwardWorkspace workspace;
   std::vector<float> logits;
-  ForwardRequest request;
-  request.table = &table;
-  request.attention = attention.get();
   const int64_t n = result.stats.prompt_tokens;
   const int64_t chunk = options.selection.chunk_size;
   for (int64_t begin = 0; begin < n; begin += chunk) {
     const int64_t end = std::min(n, begin + chunk);
-    request.tokens = prompt.subspan(begin, end - begin);
-    request.logits = end == n ? LogitsRows::kLast : LogitsRows::kNone;
-    RETURN_IF_ERROR(model_->Forward(request, &workspace, &logits));
+    RETURN_IF_ERROR(
+        runner->Forward(prompt.subspan(begin, end - begin), end == n ? &logits : nullptr));
   }
   result.stats.prefill_seconds = total.ElapsedSeconds();
 
   StopChecker stop(options.sampling, eos_ids_);
   tokenizer::StreamDecoder decoder(*tokenizer_, options.skip_special_tokens);
   const common::Stopwatch decode;
-  request.logits = LogitsRows::kLast;
   while (true) {
     ASSIGN_OR_RETURN(SampleResult sample, sampler.Sample(logits, prompt, result.token_ids));
     result.token_ids.push_back(sample.token_id);
@@ -83,14 +82,13 @@ absl::StatusOr<GenerationResult> Generator::Generate(absl::Span<const int32_t> p
       break;
     }
     const int32_t next = result.token_ids.back();
-    request.tokens = absl::MakeConstSpan(&next, 1);
-    RETURN_IF_ERROR(model_->Forward(request, &workspace, &logits));
+    RETURN_IF_ERROR(runner->Forward(absl::MakeConstSpan(&next, 1), &logits));
   }
   result.stats.generated_tokens = static_cast<int64_t>(result.token_ids.size());
   result.stats.decode_seconds = decode.ElapsedSeconds();
   result.stats.total_seconds = total.ElapsedSeconds();
-  result.stats.selection = attention->stats();
-  result.stats.cache = attention->cache().total_counters();
+  result.stats.selection = runner->selection_stats();
+  ASSIGN_OR_RETURN(result.stats.cache, runner->cache_counters());
   return result;
 }
 

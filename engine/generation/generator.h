@@ -11,12 +11,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/generation/backend.h"
 #include "engine/kvcache/page_pool.h"
 #include "engine/model/model.h"
 #include "engine/sampling/finish_reason.h"
@@ -68,14 +70,18 @@ using TokenCallback = std::function<void(const GeneratedToken&)>;
 
 class Generator {
  public:
-  // `model`, `tokenizer` and `pool` must outlive the generator; `pool` must fit the model
-  // (Model::KvCacheOptions).
+  // The CPU backend. `model`, `tokenizer` and `pool` must outlive the generator; `pool` must fit
+  // the model (Model::KvCacheOptions).
   Generator(const Model* model, const tokenizer::Tokenizer* tokenizer, PagePool* pool);
+  // Any backend (e.g. the GPU's, cuda_backend.h); `backend` and `tokenizer` must outlive the
+  // generator.
+  Generator(GenerationBackend* backend, const tokenizer::Tokenizer* tokenizer);
 
   // Generates a continuation of `prompt` (token ids). Errors:
   //   InvalidArgument   empty prompt, a token id outside the vocabulary, invalid sampling or
   //                     selection parameters (the message names the field)
   //   ResourceExhausted the KV pool cannot hold prompt + max_new_tokens tokens
+  //   Unimplemented     a selection policy the backend does not run (GPU backend)
   // `on_token` may be empty.
   absl::StatusOr<GenerationResult> Generate(absl::Span<const int32_t> prompt,
                                             const GenerationOptions& options,
@@ -85,9 +91,9 @@ class Generator {
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
 
  private:
-  const Model* model_;
+  std::unique_ptr<GenerationBackend> owned_backend_;  // the CPU backend of the first constructor
+  GenerationBackend* backend_;
   const tokenizer::Tokenizer* tokenizer_;
-  PagePool* pool_;
   std::vector<int32_t> eos_ids_;
 };
 

@@ -3,9 +3,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <initializer_list>
+#include <functional>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,7 +17,9 @@
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/selection_list.h"
 #include "kernels/cuda/simple_attention.h"
 #include "kernels/ops.h"
 
@@ -42,7 +47,15 @@ class DeviceMemory {
     ptr_ = nullptr;
     bytes_ = bytes;
     if (bytes == 0) return absl::OkStatus();
-    return CudaStatus(cudaMalloc(&ptr_, bytes), "cudaMalloc");
+    const cudaError_t err = cudaMalloc(&ptr_, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      ptr_ = nullptr;
+      bytes_ = 0;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("CudaModel: out of device memory allocating ", bytes, " bytes"));
+    }
+    return CudaStatus(err, "cudaMalloc");
   }
   template <typename T>
   T* as() const {
@@ -64,30 +77,6 @@ uint16_t ToBf16Bits(float f) {  // round to nearest even; NaN stays NaN
   return static_cast<uint16_t>(u >> 16);
 }
 
-// Uploads the concatenation of `parts` (fp32 host) as bf16, or as fp32 when `fp32` is set.
-// Empty parts (absent biases) leave the buffer unallocated.
-absl::Status Upload(std::initializer_list<const std::vector<float>*> parts, bool fp32,
-                    DeviceMemory* out) {
-  size_t n = 0;
-  for (const auto* p : parts) n += p->size();
-  if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(out->Allocate(n * (fp32 ? 4 : 2)));
-  if (fp32) {
-    std::vector<float> host;
-    host.reserve(n);
-    for (const auto* p : parts) host.insert(host.end(), p->begin(), p->end());
-    return CudaStatus(cudaMemcpy(out->as<void>(), host.data(), n * 4, cudaMemcpyHostToDevice),
-                      "upload");
-  }
-  std::vector<uint16_t> host;
-  host.reserve(n);
-  for (const auto* p : parts) {
-    for (float f : *p) host.push_back(ToBf16Bits(f));
-  }
-  return CudaStatus(cudaMemcpy(out->as<void>(), host.data(), n * 2, cudaMemcpyHostToDevice),
-                    "upload");
-}
-
 struct LayerBuffers {
   DeviceMemory input_norm, post_norm;  // bf16 [hidden]
   DeviceMemory qkv, qkv_bias;          // bf16 [q_dim + 2 kv_dim, hidden], [q_dim + 2 kv_dim]
@@ -97,6 +86,77 @@ struct LayerBuffers {
   DeviceMemory k_cache, v_cache;       // bf16 [num_slots, kv_dim]
 };
 
+constexpr int64_t kSlabElements = int64_t{1} << 24;  // host staging per upload copy (64 MiB fp32)
+
+}  // namespace
+
+// Where weight values come from: a loaded ModelWeights, or the dummy generator. Fill writes
+// elements [begin, begin + count) of the named tensor as fp32.
+class CudaModel::TensorSource {
+ public:
+  using Fill = std::function<void(const WeightEntry& entry, int64_t begin, int64_t count,
+                                  float* out)>;
+  TensorSource(const ModelConfig& config, Fill fill) : fill_(std::move(fill)) {
+    for (WeightEntry& e : ListWeights(config, nullptr)) entries_.emplace(e.name, std::move(e));
+  }
+  const WeightEntry* Find(const std::string& name) const {
+    auto it = entries_.find(name);
+    return it == entries_.end() ? nullptr : &it->second;
+  }
+  void Read(const WeightEntry& e, int64_t begin, int64_t count, float* out) const {
+    fill_(e, begin, count, out);
+  }
+
+ private:
+  std::map<std::string, WeightEntry> entries_;
+  Fill fill_;
+};
+
+namespace {
+
+// Uploads the concatenation of the named tensors (absent names, e.g. biases a model does not
+// have, are skipped; all absent leaves `out` unallocated) as bf16, or as fp32 when `fp32`.
+template <typename Source>
+absl::Status UploadTensors(const Source& source, std::initializer_list<std::string> names,
+                           bool fp32, DeviceMemory* out, int64_t* total_bytes) {
+  std::vector<const WeightEntry*> parts;
+  int64_t n = 0;
+  for (const std::string& name : names) {
+    if (const WeightEntry* e = source.Find(name)) {
+      parts.push_back(e);
+      n += e->num_elements();
+    }
+  }
+  if (n == 0) return absl::OkStatus();
+  const size_t elem = fp32 ? 4 : 2;
+  RETURN_IF_ERROR(out->Allocate(static_cast<size_t>(n) * elem));
+  *total_bytes += n * static_cast<int64_t>(elem);
+  std::vector<float> slab;
+  std::vector<uint16_t> bits;
+  int64_t offset = 0;
+  for (const WeightEntry* e : parts) {
+    const int64_t count = e->num_elements();
+    for (int64_t begin = 0; begin < count; begin += kSlabElements) {
+      const int64_t len = std::min(kSlabElements, count - begin);
+      slab.resize(static_cast<size_t>(len));
+      source.Read(*e, begin, len, slab.data());
+      char* dst = out->as<char>() + (offset + begin) * static_cast<int64_t>(elem);
+      if (fp32) {
+        RETURN_IF_ERROR(CudaStatus(cudaMemcpy(dst, slab.data(), len * 4, cudaMemcpyHostToDevice),
+                                   "upload"));
+      } else {
+        bits.resize(static_cast<size_t>(len));
+#pragma omp parallel for schedule(static) if (len >= (1 << 16))
+        for (int64_t i = 0; i < len; ++i) bits[i] = ToBf16Bits(slab[i]);
+        RETURN_IF_ERROR(CudaStatus(cudaMemcpy(dst, bits.data(), len * 2, cudaMemcpyHostToDevice),
+                                   "upload"));
+      }
+    }
+    offset += count;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct CudaModel::Device {
@@ -104,14 +164,21 @@ struct CudaModel::Device {
   std::unique_ptr<kc::GemmRunner> gemm;
   std::vector<LayerBuffers> layers;
   DeviceMemory embed, lm_head, norm, inv_freq;
-  // Per-step activations (one token).
-  DeviceMemory x, h, qkv, attn, gate_up, act, logits, token, greedy;
-  // The dense attention list: slot and position of every token so far, CSR indptr, q position.
-  DeviceMemory list_slots, list_positions, indptr, q_position, attention_workspace;
+  // Activations for up to max_chunk rows.
+  DeviceMemory x, h, qkv, attn, gate_up, act, logits, tokens, new_slots, greedy;
+  // token_slots[pos]: cache slot of position pos; iota[i] = i; q_indptr = {0, m}.
+  DeviceMemory token_slots, iota, q_indptr, attention_workspace;
+  std::vector<int32_t> host_slots;  // token_slots, on the host
+  CudaDenseAttention dense;
   int num_sms = 0;
   bool tuned_attention = false;
+  // Decode-step graphs of segments 0..num_layers (see EnqueueSegment), captured on first use.
+  std::vector<cudaGraphExec_t> graphs;
 
   ~Device() {
+    for (cudaGraphExec_t g : graphs) {
+      if (g != nullptr) cudaGraphExecDestroy(g);
+    }
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 };
@@ -120,14 +187,39 @@ CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
     : config_(config), options_(options), dev_(std::make_unique<Device>()) {}
 CudaModel::~CudaModel() = default;
 
+cudaStream_t CudaModel::stream() const { return dev_->stream; }
+
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const ModelConfig& config,
                                                              const ModelWeights& weights,
                                                              const CudaModelOptions& options) {
   RETURN_IF_ERROR(ValidateModelConfig(config));
   RETURN_IF_ERROR(CheckWeightShapes(config, weights));
-  if (options.max_tokens <= 0 || options.page_size <= 0 ||
+  std::map<std::string, const std::vector<float>*> data;
+  for (const ConstWeightEntry& e : ListWeights(config, weights)) data[e.name] = e.data;
+  TensorSource source(config, [&data](const WeightEntry& e, int64_t begin, int64_t count,
+                                      float* out) {
+    std::memcpy(out, data.at(e.name)->data() + begin, static_cast<size_t>(count) * 4);
+  });
+  return Build(config, source, options);
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::CreateDummy(
+    const ModelConfig& config, const DummyWeightOptions& dummy, const CudaModelOptions& options) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  TensorSource source(config, [&dummy](const WeightEntry& e, int64_t begin, int64_t count,
+                                       float* out) {
+    FillDummyTensor(e.name, e.kind, e.fan_in, dummy, begin, count, out);
+  });
+  return Build(config, source, options);
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& config,
+                                                            const TensorSource& source,
+                                                            const CudaModelOptions& options) {
+  if (options.max_tokens <= 0 || options.page_size <= 0 || options.max_chunk <= 0 ||
       options.max_tokens > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError("CudaModel: max_tokens and page_size must be positive");
+    return absl::InvalidArgumentError(
+        "CudaModel: max_tokens, page_size and max_chunk must be positive (max_tokens <= 2^30)");
   }
   std::unique_ptr<CudaModel> model(new CudaModel(config, options));
   Device& d = *model->dev_;
@@ -135,8 +227,10 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const ModelConfig& 
   RETURN_IF_ERROR(
       CudaStatus(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   RETURN_IF_ERROR(CudaStatus(kc::GemmRunner::Create(&d.gemm), "cuBLASLt setup"));
-  RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, 0),
-                             "device query"));
+  int device = 0;
+  RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "device query"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, device), "device query"));
   const int64_t group = c.group_size();
   d.tuned_attention = (c.head_dim == 64 || c.head_dim == 128) &&
                       (group == 1 || group == 2 || group == 4 || group == 8);
@@ -144,181 +238,310 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const ModelConfig& 
   // Pages in a scrambled order (odd pages first, then even ones, each descending): slots of
   // consecutive tokens are not consecutive, as in a pool shared by many requests.
   const int64_t num_pages = (options.max_tokens + options.page_size - 1) / options.page_size;
+  std::vector<int32_t> page_order;
   for (int64_t parity : {1, 0}) {
     for (int64_t p = num_pages - 1; p >= 0; --p) {
-      if (p % 2 == parity) model->page_order_.push_back(static_cast<int32_t>(p));
+      if (p % 2 == parity) page_order.push_back(static_cast<int32_t>(p));
     }
+  }
+  d.host_slots.resize(static_cast<size_t>(options.max_tokens));
+  for (int64_t pos = 0; pos < options.max_tokens; ++pos) {
+    d.host_slots[pos] = page_order[pos / options.page_size] *
+                            static_cast<int32_t>(options.page_size) +
+                        static_cast<int32_t>(pos % options.page_size);
   }
   const int64_t num_slots = num_pages * options.page_size;
   const size_t kv_bytes = static_cast<size_t>(num_slots * c.kv_dim()) * 2;
 
+  int64_t* wb = &model->weight_bytes_;
   const bool f32 = true, bf16 = false;
   d.layers.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = weights.layers[l];
     LayerBuffers& b = d.layers[l];
-    RETURN_IF_ERROR(Upload({&w.input_layernorm}, bf16, &b.input_norm));
-    RETURN_IF_ERROR(Upload({&w.post_attention_layernorm}, bf16, &b.post_norm));
-    RETURN_IF_ERROR(Upload({&w.q_proj, &w.k_proj, &w.v_proj}, bf16, &b.qkv));
-    RETURN_IF_ERROR(Upload({&w.q_bias, &w.k_bias, &w.v_bias}, bf16, &b.qkv_bias));
-    RETURN_IF_ERROR(Upload({&w.o_proj}, bf16, &b.o));
-    RETURN_IF_ERROR(Upload({&w.o_bias}, f32, &b.o_bias));
-    RETURN_IF_ERROR(Upload({&w.gate_proj, &w.up_proj}, bf16, &b.gate_up));
-    RETURN_IF_ERROR(Upload({&w.gate_bias, &w.up_bias}, bf16, &b.gate_up_bias));
-    RETURN_IF_ERROR(Upload({&w.down_proj}, bf16, &b.down));
-    RETURN_IF_ERROR(Upload({&w.down_bias}, f32, &b.down_bias));
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    const std::string a = p + "self_attn.", m = p + "mlp.";
+    RETURN_IF_ERROR(UploadTensors(source, {p + "input_layernorm.weight"}, bf16, &b.input_norm, wb));
+    RETURN_IF_ERROR(
+        UploadTensors(source, {p + "post_attention_layernorm.weight"}, bf16, &b.post_norm, wb));
+    RETURN_IF_ERROR(UploadTensors(
+        source, {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, bf16, &b.qkv,
+        wb));
+    RETURN_IF_ERROR(UploadTensors(source,
+                                  {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}, bf16,
+                                  &b.qkv_bias, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.weight"}, bf16, &b.o, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.bias"}, f32, &b.o_bias, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {m + "gate_proj.weight", m + "up_proj.weight"}, bf16,
+                                  &b.gate_up, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {m + "gate_proj.bias", m + "up_proj.bias"}, bf16,
+                                  &b.gate_up_bias, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {m + "down_proj.weight"}, bf16, &b.down, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {m + "down_proj.bias"}, f32, &b.down_bias, wb));
     RETURN_IF_ERROR(b.k_cache.Allocate(kv_bytes));
     RETURN_IF_ERROR(b.v_cache.Allocate(kv_bytes));
+    model->kv_bytes_ += static_cast<int64_t>(2 * kv_bytes);
   }
-  RETURN_IF_ERROR(Upload({&weights.embed_tokens}, bf16, &d.embed));
-  RETURN_IF_ERROR(Upload({&weights.lm_head_weight}, bf16, &d.lm_head));  // empty when tied
-  RETURN_IF_ERROR(Upload({&weights.norm}, bf16, &d.norm));
+  RETURN_IF_ERROR(UploadTensors(source, {"model.embed_tokens.weight"}, bf16, &d.embed, wb));
+  RETURN_IF_ERROR(UploadTensors(source, {"lm_head.weight"}, bf16, &d.lm_head, wb));  // or tied
+  RETURN_IF_ERROR(UploadTensors(source, {"model.norm.weight"}, bf16, &d.norm, wb));
   const std::vector<float> inv_freq = kernels::RopeInverseFrequencies(ToRopeParams(c));
-  RETURN_IF_ERROR(Upload({&inv_freq}, f32, &d.inv_freq));
+  RETURN_IF_ERROR(d.inv_freq.Allocate(inv_freq.size() * 4));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(d.inv_freq.as<void>(), inv_freq.data(),
+                                        inv_freq.size() * 4, cudaMemcpyHostToDevice),
+                             "upload"));
 
+  const int64_t rows = options.max_chunk;
   const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
-  RETURN_IF_ERROR(d.x.Allocate(c.hidden_size * 4));
-  RETURN_IF_ERROR(d.h.Allocate(c.hidden_size * 2));
-  RETURN_IF_ERROR(d.qkv.Allocate(qkv_dim * 2));
-  RETURN_IF_ERROR(d.attn.Allocate(c.q_dim() * 2));
-  RETURN_IF_ERROR(d.gate_up.Allocate(2 * c.intermediate_size * 2));
-  RETURN_IF_ERROR(d.act.Allocate(c.intermediate_size * 2));
+  RETURN_IF_ERROR(d.x.Allocate(rows * c.hidden_size * 4));
+  RETURN_IF_ERROR(d.h.Allocate(rows * c.hidden_size * 2));
+  RETURN_IF_ERROR(d.qkv.Allocate(rows * qkv_dim * 2));
+  RETURN_IF_ERROR(d.attn.Allocate(rows * c.q_dim() * 2));
+  RETURN_IF_ERROR(d.gate_up.Allocate(rows * 2 * c.intermediate_size * 2));
+  RETURN_IF_ERROR(d.act.Allocate(rows * c.intermediate_size * 2));
   RETURN_IF_ERROR(d.logits.Allocate(c.vocab_size * 4));
-  RETURN_IF_ERROR(d.token.Allocate(4));
+  RETURN_IF_ERROR(d.tokens.Allocate(rows * 4));
+  RETURN_IF_ERROR(d.new_slots.Allocate(rows * 4));
   RETURN_IF_ERROR(d.greedy.Allocate(4));
-  RETURN_IF_ERROR(d.list_slots.Allocate(options.max_tokens * 4));
-  RETURN_IF_ERROR(d.list_positions.Allocate(options.max_tokens * 4));
-  RETURN_IF_ERROR(d.indptr.Allocate(2 * 4));
-  RETURN_IF_ERROR(d.q_position.Allocate(4));
+  RETURN_IF_ERROR(d.q_indptr.Allocate(2 * 4));
+  RETURN_IF_ERROR(d.token_slots.Allocate(options.max_tokens * 4));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(d.token_slots.as<void>(), d.host_slots.data(),
+                                        options.max_tokens * 4, cudaMemcpyHostToDevice),
+                             "upload"));
+  const int64_t iota_len = options.max_tokens + options.max_chunk + 1;
+  RETURN_IF_ERROR(d.iota.Allocate(iota_len * 4));
+  RETURN_IF_ERROR(CudaStatus(kc::FillIota(d.iota.as<int32_t>(), iota_len, d.stream), "FillIota"));
+  RETURN_IF_ERROR(CudaDenseAttention::Create(options.max_chunk, &d.dense));
+  d.graphs.assign(static_cast<size_t>(c.num_layers + 1), nullptr);
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "CudaModel setup"));
   return model;
 }
 
-absl::Status CudaModel::Step(int32_t token) {
+// Segment 0: embedding, then layer 0 up to its KV append. Segment s in [1, num_layers]: layer
+// s - 1 after its attention (o_proj, MLP), then layer s up to its KV append, or for the last
+// segment the final norm and lm_head (of the last row, when `logits`). Every pointer a segment
+// reads is fixed for a given m, so decode segments (m = 1) are captured as CUDA graphs.
+absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, bool logits) {
   const ModelConfig& c = config_;
   Device& d = *dev_;
   cudaStream_t s = d.stream;
-  const int64_t pos = length_;
-  const int32_t slot =
-      page_order_[pos / options_.page_size] * static_cast<int32_t>(options_.page_size) +
-      static_cast<int32_t>(pos % options_.page_size);
-  // The step's small inputs: token id, the new list entry (slot, position), indptr, q position.
-  // Pageable copies are staged before cudaMemcpyAsync returns, so locals are fine.
-  const int32_t ints[4] = {token, slot, static_cast<int32_t>(pos), static_cast<int32_t>(pos + 1)};
-  const int32_t indptr[2] = {0, ints[3]};
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(d.token.as<int32_t>(), &ints[0], 4, cudaMemcpyHostToDevice, s), "copy"));
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(d.list_slots.as<int32_t>() + pos, &ints[1], 4, cudaMemcpyHostToDevice, s),
-      "copy"));
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(d.list_positions.as<int32_t>() + pos, &ints[2], 4, cudaMemcpyHostToDevice, s),
-      "copy"));
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(d.q_position.as<int32_t>(), &ints[2], 4, cudaMemcpyHostToDevice, s), "copy"));
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(d.indptr.as<int32_t>(), indptr, 8, cudaMemcpyHostToDevice, s), "copy"));
-
   const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim();
   const int64_t inter = c.intermediate_size, qkv_dim = q_dim + 2 * kv_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  auto linear = [&](void* y, const DeviceMemory& x, const DeviceMemory& w, const DeviceMemory& bias,
-                    int64_t k, int64_t n, bool fp32_out, bool accumulate) {
+  auto linear = [&](void* y, const __nv_bfloat16* x, const DeviceMemory& w,
+                    const DeviceMemory& bias, int64_t rows, int64_t k, int64_t n, bool fp32_out,
+                    bool accumulate) {
     kc::LinearParams p;
     p.y = y;
-    p.x = x.bf16();
+    p.x = x;
     p.w = w.bf16();
     p.bias = bias.bytes() > 0 ? bias.as<void>() : nullptr;
-    p.m = 1;
+    p.m = rows;
     p.k = k;
     p.n = n;
     p.out = fp32_out ? kc::GemmOutput::kFp32 : kc::GemmOutput::kBf16;
     p.accumulate = accumulate;
     return CudaStatus(d.gemm->Linear(p, s), "Linear");
   };
-  auto rms_norm = [&](const DeviceMemory& weight) {
+  auto rms_norm = [&](const DeviceMemory& weight, float* x, int64_t rows) {
     kc::RmsNormParams p;
     p.out = d.h.bf16();
-    p.x = d.x.as<float>();
+    p.x = x;
     p.weight = weight.bf16();
-    p.rows = 1;
+    p.rows = rows;
     p.dim = hidden;
     p.eps = eps;
     return CudaStatus(kc::RmsNorm(p, s), "RmsNorm");
   };
-
-  kc::EmbeddingParams ep{d.x.as<float>(), d.embed.bf16(), d.token.as<int32_t>(), 1,
-                         hidden,          c.vocab_size};
-  RETURN_IF_ERROR(CudaStatus(kc::Embedding(ep, s), "Embedding"));
-  const int num_splits =
-      d.tuned_attention ? kc::PlanDecodeSplits(1, c.num_kv_heads, pos + 1, d.num_sms) : 1;
-  const size_t ws_bytes =
-      d.tuned_attention ? kc::DecodeAttentionWorkspaceBytes(1, c.num_heads, c.head_dim, num_splits)
-                        : 0;
-  if (ws_bytes > d.attention_workspace.bytes()) {
-    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s), "sync"));
-    RETURN_IF_ERROR(d.attention_workspace.Allocate(ws_bytes));
-  }
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    LayerBuffers& b = d.layers[l];
-    RETURN_IF_ERROR(rms_norm(b.input_norm));
+  if (segment == 0) {
+    kc::EmbeddingParams ep{d.x.as<float>(), d.embed.bf16(), d.tokens.as<int32_t>(), m,
+                           hidden,          c.vocab_size};
+    RETURN_IF_ERROR(CudaStatus(kc::Embedding(ep, s), "Embedding"));
+  } else {
+    LayerBuffers& b = d.layers[segment - 1];
     RETURN_IF_ERROR(
-        linear(d.qkv.as<void>(), d.h, b.qkv, b.qkv_bias, hidden, qkv_dim, false, false));
-    kc::KvAppendParams kv;
-    kv.k_cache = b.k_cache.bf16();
-    kv.v_cache = b.v_cache.bf16();
-    kv.k = d.qkv.bf16() + q_dim;
-    kv.v = d.qkv.bf16() + q_dim + kv_dim;
-    kv.slots = d.list_slots.as<int32_t>() + pos;
-    kv.num_tokens = 1;
-    kv.row = kv_dim;
-    kv.src_stride = qkv_dim;
-    kv.num_slots = static_cast<int64_t>(b.k_cache.bytes() / 2) / kv_dim;
-    RETURN_IF_ERROR(CudaStatus(kc::KvAppend(kv, s), "KvAppend"));
-
-    kc::DecodeAttentionParams ap;
-    ap.out = d.attn.bf16();
-    ap.q = d.qkv.bf16();
-    ap.q_positions = d.q_position.as<int32_t>();
-    ap.k_cache = b.k_cache.bf16();
-    ap.v_cache = b.v_cache.bf16();
-    ap.indptr = d.indptr.as<int32_t>();
-    ap.indices = d.list_slots.as<int32_t>();
-    ap.kv_positions = d.list_positions.as<int32_t>();
-    ap.inv_freq = d.inv_freq.as<float>();
-    ap.workspace = d.attention_workspace.as<void>();
-    ap.batch = 1;
-    ap.num_heads = c.num_heads;
-    ap.num_kv_heads = c.num_kv_heads;
-    ap.head_dim = c.head_dim;
-    ap.num_splits = num_splits;
-    ap.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-    RETURN_IF_ERROR(CudaStatus(
-        d.tuned_attention ? kc::DecodeAttention(ap, s) : kc::SimpleDecodeAttention(ap, s),
-        "attention"));
-    RETURN_IF_ERROR(linear(d.x.as<void>(), d.attn, b.o, b.o_bias, q_dim, hidden, true, true));
-    RETURN_IF_ERROR(rms_norm(b.post_norm));
-    RETURN_IF_ERROR(linear(d.gate_up.as<void>(), d.h, b.gate_up, b.gate_up_bias, hidden, 2 * inter,
-                           false, false));
+        linear(d.x.as<void>(), d.attn.bf16(), b.o, b.o_bias, m, q_dim, hidden, true, true));
+    RETURN_IF_ERROR(rms_norm(b.post_norm, d.x.as<float>(), m));
+    RETURN_IF_ERROR(linear(d.gate_up.as<void>(), d.h.bf16(), b.gate_up, b.gate_up_bias, m, hidden,
+                           2 * inter, false, false));
     kc::SwiGluParams sp;
     sp.out = d.act.bf16();
     sp.gate = d.gate_up.bf16();
     sp.up = d.gate_up.bf16() + inter;
-    sp.rows = 1;
+    sp.rows = m;
     sp.cols = inter;
     sp.in_stride = 2 * inter;
     RETURN_IF_ERROR(CudaStatus(kc::SwiGlu(sp, s), "SwiGlu"));
-    RETURN_IF_ERROR(linear(d.x.as<void>(), d.act, b.down, b.down_bias, inter, hidden, true, true));
+    RETURN_IF_ERROR(
+        linear(d.x.as<void>(), d.act.bf16(), b.down, b.down_bias, m, inter, hidden, true, true));
   }
-  RETURN_IF_ERROR(rms_norm(d.norm));
-  const DeviceMemory& lm_head = d.lm_head.bytes() > 0 ? d.lm_head : d.embed;
-  DeviceMemory no_bias;
+  if (segment == c.num_layers) {
+    if (!logits) return absl::OkStatus();
+    RETURN_IF_ERROR(rms_norm(d.norm, d.x.as<float>() + (m - 1) * hidden, 1));
+    const DeviceMemory& lm_head = d.lm_head.bytes() > 0 ? d.lm_head : d.embed;
+    DeviceMemory no_bias;
+    return linear(d.logits.as<void>(), d.h.bf16(), lm_head, no_bias, 1, hidden, c.vocab_size,
+                  true, false);
+  }
+  LayerBuffers& b = d.layers[segment];
+  RETURN_IF_ERROR(rms_norm(b.input_norm, d.x.as<float>(), m));
   RETURN_IF_ERROR(
-      linear(d.logits.as<void>(), d.h, lm_head, no_bias, hidden, c.vocab_size, true, false));
-  ++length_;
+      linear(d.qkv.as<void>(), d.h.bf16(), b.qkv, b.qkv_bias, m, hidden, qkv_dim, false, false));
+  kc::KvAppendParams kv;
+  kv.k_cache = b.k_cache.bf16();
+  kv.v_cache = b.v_cache.bf16();
+  kv.k = d.qkv.bf16() + q_dim;
+  kv.v = d.qkv.bf16() + q_dim + kv_dim;
+  kv.slots = d.new_slots.as<int32_t>();
+  kv.num_tokens = m;
+  kv.row = kv_dim;
+  kv.src_stride = qkv_dim;
+  kv.num_slots = static_cast<int64_t>(b.k_cache.bytes() / 2) / kv_dim;
+  return CudaStatus(kc::KvAppend(kv, s), "KvAppend");
+}
+
+absl::Status CudaModel::RunSegment(int64_t segment, int64_t m, bool logits) {
+  Device& d = *dev_;
+  if (!(options_.use_graphs && m == 1 && logits)) return EnqueueSegment(segment, m, logits);
+  cudaGraphExec_t& exec = d.graphs[segment];
+  if (exec == nullptr) {
+    RETURN_IF_ERROR(CudaStatus(
+        cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeThreadLocal), "graph capture"));
+    const absl::Status enqueued = EnqueueSegment(segment, m, logits);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(d.stream, &graph);
+    RETURN_IF_ERROR(enqueued);
+    RETURN_IF_ERROR(CudaStatus(ended, "graph capture"));
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (made != cudaSuccess) exec = nullptr;
+    RETURN_IF_ERROR(CudaStatus(made, "graph instantiate"));
+  }
+  return CudaStatus(cudaGraphLaunch(exec, d.stream), "graph launch");
+}
+
+absl::Status CudaModel::Attention(int64_t layer, int64_t m, CudaAttentionProvider* attention) {
+  const ModelConfig& c = config_;
+  Device& d = *dev_;
+  LayerBuffers& b = d.layers[layer];
+  CudaAttentionQuery query;
+  query.layer = layer;
+  query.cache_length = length_;
+  query.num_new = m;
+  query.q = d.qkv.bf16();
+  query.q_row_stride = c.q_dim() + 2 * c.kv_dim();
+  query.k_cache = b.k_cache.bf16();
+  query.v_cache = b.v_cache.bf16();
+  query.token_slots = d.token_slots.as<int32_t>();
+  query.iota = d.iota.as<int32_t>();
+  query.inv_freq = d.inv_freq.as<float>();
+  query.config = &config_;
+  query.stream = d.stream;
+  CudaAttentionList list;
+  RETURN_IF_ERROR(attention->Select(query, &list));
+  if (list.max_kv_len < 0 || list.max_kv_len > length_ + m + options_.max_tokens) {
+    return absl::InternalError(absl::StrCat("attention provider: max_kv_len ", list.max_kv_len,
+                                            " is out of range"));
+  }
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  if (m == 1) {
+    kc::DecodeAttentionParams ap;
+    ap.out = d.attn.bf16();
+    ap.q = d.qkv.bf16();
+    ap.q_positions = list.q_positions;
+    ap.k_cache = b.k_cache.bf16();
+    ap.v_cache = b.v_cache.bf16();
+    ap.indptr = list.kv_indptr;
+    ap.indices = list.kv_indices;
+    ap.kv_positions = list.kv_positions;
+    ap.inv_freq = d.inv_freq.as<float>();
+    ap.batch = 1;
+    ap.num_heads = c.num_heads;
+    ap.num_kv_heads = c.num_kv_heads;
+    ap.head_dim = c.head_dim;
+    ap.num_splits = d.tuned_attention ? kc::PlanDecodeSplits(1, c.num_kv_heads,
+                                                             std::max<int64_t>(1, list.max_kv_len),
+                                                             d.num_sms)
+                                      : 1;
+    ap.scale = scale;
+    if (d.tuned_attention) {
+      const size_t ws = kc::DecodeAttentionWorkspaceBytes(1, c.num_heads, c.head_dim,
+                                                          ap.num_splits);
+      if (ws > d.attention_workspace.bytes()) {
+        RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
+        RETURN_IF_ERROR(d.attention_workspace.Allocate(ws));
+      }
+    }
+    ap.workspace = d.attention_workspace.as<void>();
+    return CudaStatus(
+        d.tuned_attention ? kc::DecodeAttention(ap, d.stream) : kc::SimpleDecodeAttention(ap, d.stream),
+        "decode attention");
+  }
+  kc::PrefillAttentionParams pp;
+  pp.out = d.attn.bf16();
+  pp.q = d.qkv.bf16();
+  pp.q_row_stride = c.q_dim() + 2 * c.kv_dim();
+  pp.q_positions = list.q_positions;
+  pp.q_indptr = d.q_indptr.as<int32_t>();
+  pp.visible = list.visible;
+  pp.k_cache = b.k_cache.bf16();
+  pp.v_cache = b.v_cache.bf16();
+  pp.kv_indptr = list.kv_indptr;
+  pp.kv_indices = list.kv_indices;
+  pp.kv_positions = list.kv_positions;
+  pp.inv_freq = d.inv_freq.as<float>();
+  pp.batch = 1;
+  pp.total_q = m;
+  pp.num_heads = c.num_heads;
+  pp.num_kv_heads = c.num_kv_heads;
+  pp.head_dim = c.head_dim;
+  pp.max_q_len = m;
+  pp.max_kv_len = std::max<int64_t>(1, list.max_kv_len);
+  pp.scale = scale;
+  if (d.tuned_attention) {
+    pp.num_splits = kc::PlanPrefillSplits(1, c.num_heads, c.num_kv_heads, m, pp.max_kv_len,
+                                          d.num_sms);
+    const size_t ws = kc::PrefillAttentionWorkspaceBytes(m, c.num_heads, c.head_dim,
+                                                         pp.num_splits);
+    if (ws > d.attention_workspace.bytes()) {
+      RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
+      RETURN_IF_ERROR(d.attention_workspace.Allocate(ws));
+    }
+  }
+  pp.workspace = d.attention_workspace.as<void>();
+  return CudaStatus(d.tuned_attention ? kc::PrefillAttention(pp, d.stream)
+                                      : kc::SimplePrefillAttention(pp, d.stream),
+                    "prefill attention");
+}
+
+absl::Status CudaModel::Step(absl::Span<const int32_t> tokens, CudaAttentionProvider* attention,
+                             bool logits) {
+  Device& d = *dev_;
+  cudaStream_t s = d.stream;
+  const int64_t m = static_cast<int64_t>(tokens.size());
+  // The step's small inputs. Pageable copies are staged before cudaMemcpyAsync returns, so the
+  // host memory may change afterwards.
+  const int32_t q_indptr[2] = {0, static_cast<int32_t>(m)};
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(d.tokens.as<int32_t>(), tokens.data(), m * 4,
+                                             cudaMemcpyHostToDevice, s),
+                             "copy"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(d.new_slots.as<int32_t>(),
+                                             d.host_slots.data() + length_, m * 4,
+                                             cudaMemcpyHostToDevice, s),
+                             "copy"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(d.q_indptr.as<int32_t>(), q_indptr, 8, cudaMemcpyHostToDevice, s), "copy"));
+  CudaAttentionProvider* provider = attention != nullptr ? attention : &d.dense;
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    RETURN_IF_ERROR(RunSegment(l, m, logits));
+    RETURN_IF_ERROR(Attention(l, m, provider));
+  }
+  RETURN_IF_ERROR(RunSegment(config_.num_layers, m, logits));
+  length_ += m;
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::Forward(absl::Span<const int32_t> tokens, std::vector<float>* logits) {
+absl::Status CudaModel::Forward(absl::Span<const int32_t> tokens,
+                                CudaAttentionProvider* attention, std::vector<float>* logits) {
   if (tokens.empty()) return absl::InvalidArgumentError("CudaModel::Forward: no tokens");
   for (int32_t id : tokens) {
     if (id < 0 || id >= config_.vocab_size) {
@@ -331,7 +554,17 @@ absl::Status CudaModel::Forward(absl::Span<const int32_t> tokens, std::vector<fl
         absl::StrCat("CudaModel::Forward: ", length_ + tokens.size(), " tokens exceed max_tokens ",
                      options_.max_tokens));
   }
-  for (int32_t id : tokens) RETURN_IF_ERROR(Step(id));
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int64_t begin = 0; begin < n; begin += options_.max_chunk) {
+    const int64_t len = std::min(options_.max_chunk, n - begin);
+    const absl::Status step =
+        Step(tokens.subspan(begin, len), attention, logits != nullptr && begin + len == n);
+    if (!step.ok()) {
+      cudaStreamSynchronize(dev_->stream);  // nothing of the failed step may still be running
+      return step;
+    }
+  }
+  if (logits == nullptr) return CudaStatus(cudaGetLastError(), "Forward");
   logits->resize(static_cast<size_t>(config_.vocab_size));
   RETURN_IF_ERROR(
       CudaStatus(cudaMemcpyAsync(logits->data(), dev_->logits.as<void>(), logits->size() * 4,
@@ -351,6 +584,45 @@ absl::StatusOr<int32_t> CudaModel::GreedyToken() {
       cudaMemcpyAsync(&id, d.greedy.as<void>(), 4, cudaMemcpyDeviceToHost, d.stream), "copy"));
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "GreedyToken"));
   return id;
+}
+
+// CudaDenseAttention ---------------------------------------------------------------------------
+
+absl::Status CudaDenseAttention::Create(int64_t max_new, CudaDenseAttention* out) {
+  if (max_new < 1) return absl::InvalidArgumentError("CudaDenseAttention: max_new must be >= 1");
+  if (out->buffer_ != nullptr) cudaFree(out->buffer_);
+  out->buffer_ = nullptr;
+  void* buffer = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&buffer, (2 + 2 * max_new) * 4), "cudaMalloc"));
+  out->buffer_ = static_cast<int32_t*>(buffer);
+  out->max_new_ = max_new;
+  return absl::OkStatus();
+}
+
+CudaDenseAttention::~CudaDenseAttention() {
+  if (buffer_ != nullptr) cudaFree(buffer_);
+}
+
+absl::Status CudaDenseAttention::Select(const CudaAttentionQuery& query, CudaAttentionList* list) {
+  if (buffer_ == nullptr || query.num_new > max_new_) {
+    return absl::FailedPreconditionError("CudaDenseAttention: not created for this step size");
+  }
+  if (query.layer == 0) {  // the same list serves every layer of a step
+    kc::DenseListParams p;
+    p.kv_indptr = buffer_;
+    p.q_positions = buffer_ + 2;
+    p.visible = buffer_ + 2 + max_new_;
+    p.num_cached = query.cache_length;
+    p.num_new = query.num_new;
+    RETURN_IF_ERROR(CudaStatus(kc::FillDenseList(p, query.stream), "FillDenseList"));
+  }
+  list->kv_indptr = buffer_;
+  list->kv_indices = query.token_slots;
+  list->kv_positions = query.iota;
+  list->q_positions = buffer_ + 2;
+  list->visible = buffer_ + 2 + max_new_;
+  list->max_kv_len = query.cache_length + query.num_new;
+  return absl::OkStatus();
 }
 
 }  // namespace tokenselect::engine

@@ -25,20 +25,51 @@ T* Ensure(std::vector<T>& v, int64_t n) {
   return v.data();
 }
 
+// Round-to-nearest-even to bf16, kept in fp32 storage (NaN stays NaN).
+void RoundToBf16(float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &v[i], sizeof(u));
+    if ((u & 0x7fffffffu) > 0x7f800000u) continue;
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(&v[i], &u, sizeof(u));
+  }
+}
+
+void RoundToBf16(std::vector<float>* v) { RoundToBf16(v->data(), static_cast<int64_t>(v->size())); }
+
+ModelWeights RoundWeightsLikeTheGpu(ModelWeights w) {
+  RoundToBf16(&w.embed_tokens);
+  RoundToBf16(&w.norm);
+  RoundToBf16(&w.lm_head_weight);
+  for (LayerWeights& l : w.layers) {
+    for (std::vector<float>* v :
+         {&l.input_layernorm, &l.q_proj, &l.q_bias, &l.k_proj, &l.k_bias, &l.v_proj, &l.v_bias,
+          &l.o_proj, &l.post_attention_layernorm, &l.gate_proj, &l.gate_bias, &l.up_proj,
+          &l.up_bias, &l.down_proj}) {
+      RoundToBf16(v);
+    }
+  }
+  return w;
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWeights weights) {
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWeights weights,
+                                                     const ModelOptions& options) {
   RETURN_IF_ERROR(ValidateModelConfig(config));
   RETURN_IF_ERROR(CheckWeightShapes(config, weights));
   if (config.sliding_window > 0) {
     TS_LOG(WARN, "sliding_window {} is not applied; attention follows the selection policy",
            config.sliding_window);
   }
-  return std::unique_ptr<Model>(new Model(std::move(config), std::move(weights)));
+  if (options.emulate_bf16) weights = RoundWeightsLikeTheGpu(std::move(weights));
+  return std::unique_ptr<Model>(new Model(std::move(config), std::move(weights), options));
 }
 
-Model::Model(ModelConfig config, ModelWeights weights)
+Model::Model(ModelConfig config, ModelWeights weights, const ModelOptions& options)
     : config_(std::move(config)),
+      options_(options),
       weights_(std::move(weights)),
       inv_freq_(kernels::RopeInverseFrequencies(ToRopeParams(config_))) {}
 
@@ -128,6 +159,11 @@ absl::Status Model::RunLayers(const ForwardRequest& request, int64_t cache_lengt
   int32_t* slots = Ensure(ws->slots_, n);
   for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(cache_length + i);
   request.table->Slots(cache_length, cache_length + n, slots);
+  // bf16 storage points of the GPU backend (ModelOptions::emulate_bf16); no-ops otherwise.
+  const bool bf16 = options_.emulate_bf16;
+  auto round = [bf16](float* v, int64_t count) {
+    if (bf16) RoundToBf16(v, count);
+  };
 
   cpu::Embedding(x, weights_.embed_tokens.data(), request.tokens.data(), n, hidden);
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
@@ -136,9 +172,13 @@ absl::Status Model::RunLayers(const ForwardRequest& request, int64_t cache_lengt
     float* v_cache = pool->v(layer);
 
     cpu::RmsNorm(h, x, w.input_layernorm.data(), n, hidden, eps);
+    round(h, n * hidden);
     cpu::Linear(q, h, w.q_proj.data(), OrNull(w.q_bias), n, hidden, q_dim);
     cpu::Linear(k, h, w.k_proj.data(), OrNull(w.k_bias), n, hidden, kv_dim);
     cpu::Linear(v, h, w.v_proj.data(), OrNull(w.v_bias), n, hidden, kv_dim);
+    round(q, n * q_dim);
+    round(k, n * kv_dim);
+    round(v, n * kv_dim);
     // Keys go into the cache un-rotated; RoPE is applied when they are gathered.
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(k_cache + slots[i] * kv_dim, k + i * kv_dim, kv_dim * sizeof(float));
@@ -177,14 +217,19 @@ absl::Status Model::RunLayers(const ForwardRequest& request, int64_t cache_lengt
     params.head_dim = c.head_dim;
     params.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
     cpu::GatherAttention(params);
+    round(attn, n * q_dim);
 
     cpu::Linear(tmp, attn, w.o_proj.data(), OrNull(w.o_bias), n, q_dim, hidden);
     cpu::AddInPlace(x, tmp, n * hidden);
 
     cpu::RmsNorm(h, x, w.post_attention_layernorm.data(), n, hidden, eps);
+    round(h, n * hidden);
     cpu::Linear(gate, h, w.gate_proj.data(), OrNull(w.gate_bias), n, hidden, inter);
     cpu::Linear(up, h, w.up_proj.data(), OrNull(w.up_bias), n, hidden, inter);
+    round(gate, n * inter);
+    round(up, n * inter);
     cpu::SwiGlu(gate, gate, up, n * inter);
+    round(gate, n * inter);
     cpu::Linear(tmp, gate, w.down_proj.data(), OrNull(w.down_bias), n, inter, hidden);
     cpu::AddInPlace(x, tmp, n * hidden);
   }
@@ -210,6 +255,7 @@ absl::Status Model::Forward(const ForwardRequest& request, ForwardWorkspace* ws,
   const float* x = ws->x_.data() + (n - rows) * hidden;
   float* h = ws->h_.data();
   cpu::RmsNorm(h, x, weights_.norm.data(), rows, hidden, static_cast<float>(config_.rms_norm_eps));
+  if (options_.emulate_bf16) RoundToBf16(h, rows * hidden);
   logits->resize(rows * config_.vocab_size);
   cpu::Linear(logits->data(), h, weights_.lm_head(), nullptr, rows, hidden, config_.vocab_size);
   return absl::OkStatus();

@@ -66,11 +66,22 @@ class ForwardWorkspace {
   DenseAttentionList dense_;
 };
 
+// Numerics of the CPU forward pass.
+struct ModelOptions {
+  // Round to bf16 exactly where the GPU backend (cuda_model.h) stores bf16: the weights (all but
+  // the o_proj and down_proj biases, which the GPU keeps in fp32), the normed activations h, q/k/v
+  // (hence the KV cache), the attention output, gate/up and the SwiGLU output. Everything else
+  // (residual stream, accumulation, softmax) stays fp32. This makes the CPU the oracle of the
+  // GPU's arithmetic (GPU tests); off, the CPU runs plain fp32 (the default, and the HF parity).
+  bool emulate_bf16 = false;
+};
+
 class Model {
  public:
   // Takes ownership of `weights`, which must match `config` (InvalidArgument naming the tensor
   // otherwise, see CheckWeightShapes).
-  static absl::StatusOr<std::unique_ptr<Model>> Create(ModelConfig config, ModelWeights weights);
+  static absl::StatusOr<std::unique_ptr<Model>> Create(ModelConfig config, ModelWeights weights,
+                                                       const ModelOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
@@ -90,13 +101,14 @@ class Model {
                        std::vector<float>* logits) const;
 
  private:
-  Model(ModelConfig config, ModelWeights weights);
+  Model(ModelConfig config, ModelWeights weights, const ModelOptions& options);
   absl::Status CheckRequest(const ForwardRequest& request) const;
   absl::Status CheckList(const AttentionList& list, int64_t num_new, int64_t num_slots) const;
   absl::Status RunLayers(const ForwardRequest& request, int64_t cache_length,
                          ForwardWorkspace* ws) const;
 
   const ModelConfig config_;
+  const ModelOptions options_;
   const ModelWeights weights_;
   const std::vector<float> inv_freq_;
 };

@@ -1,0 +1,298 @@
+#include "engine/selection/cuda_selection.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/selection.h"
+#include "kernels/cuda/selection_list.h"
+
+namespace tokenselect::engine {
+namespace {
+
+namespace kc = kernels::cuda;
+using kc::CudaStatus;
+
+// Device allocations of one provider, freed together.
+class Arena {
+ public:
+  ~Arena() {
+    for (void* p : blocks_) cudaFree(p);
+  }
+  template <typename T>
+  absl::Status Get(int64_t count, T** out) {
+    void* p = nullptr;
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("GPU selection: out of device memory allocating ", bytes, " bytes"));
+    }
+    RETURN_IF_ERROR(CudaStatus(err, "cudaMalloc"));
+    RETURN_IF_ERROR(CudaStatus(cudaMemset(p, 0, bytes), "cudaMemset"));
+    blocks_.push_back(p);
+    *out = static_cast<T*>(p);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<void*> blocks_;
+};
+
+// Budget covers the cache: every policy attends everything (selection_policy.h).
+bool CoversAll(const SelectionOptions& o, int64_t n) { return o.n_init + o.k + o.n_local >= n; }
+
+}  // namespace
+
+struct CudaSelectionAttention::Device {
+  Arena arena;
+  float* query = nullptr;              // [H * d] the step's selection query
+  float* logits = nullptr;             // [max_candidates, H]
+  float* head_max = nullptr;           // [H]
+  float* head_inv_sum = nullptr;       // [H]
+  float* vote = nullptr;               // [max_candidates]
+  void* score_workspace = nullptr;
+  void* topk_workspace = nullptr;
+  int32_t* prefill_picks = nullptr;    // [k]
+  // Per layer: the selection-cache entry and its picks, the hit flag, hit/miss counters.
+  float* cached_query = nullptr;       // [L, H * d]
+  int32_t* cached_valid = nullptr;     // [L]
+  int32_t* hit = nullptr;              // [L]
+  int32_t* picks = nullptr;            // [L, k]
+  int64_t* counters = nullptr;         // [L, 2]: hits, misses
+  // The attention list of the current layer.
+  int32_t* indptr = nullptr;           // [2]
+  int32_t* indices = nullptr;          // [list capacity]
+  int32_t* positions = nullptr;        // [list capacity]
+  int32_t* q_positions = nullptr;      // [max_new]
+  int32_t* visible = nullptr;          // [max_new]
+  int64_t max_candidates = 0;
+  int64_t max_new = 0;
+};
+
+CudaSelectionAttention::CudaSelectionAttention(const SelectionOptions& options,
+                                               const ModelConfig& config)
+    : options_(options), config_(config), dev_(std::make_unique<Device>()) {}
+CudaSelectionAttention::~CudaSelectionAttention() = default;
+
+absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::Create(
+    const SelectionOptions& options, const ModelConfig& config, int64_t max_tokens,
+    int64_t max_new) {
+  RETURN_IF_ERROR(ValidateSelectionOptions(options));
+  switch (options.policy) {
+    case SelectionPolicyKind::kTokenSelect:
+    case SelectionPolicyKind::kTopK:
+    case SelectionPolicyKind::kDense:
+    case SelectionPolicyKind::kStreaming:
+      break;
+    default:
+      return absl::UnimplementedError(absl::StrCat(
+          "selection.policy ", PolicyName(options.policy),
+          " has no GPU implementation yet (GPU policies: tokenselect, topk, dense, streaming)"));
+  }
+  const int64_t group = config.num_heads / std::max<int64_t>(1, config.num_kv_heads);
+  const bool scores_keys = options.policy == SelectionPolicyKind::kTokenSelect ||
+                           options.policy == SelectionPolicyKind::kTopK;
+  if (scores_keys && ((config.head_dim != 64 && config.head_dim != 128) ||
+                      (group != 1 && group != 2 && group != 4 && group != 8))) {
+    return absl::UnimplementedError(absl::StrCat(
+        "selection.policy ", PolicyName(options.policy), " on the GPU needs head_dim 64 or 128 "
+        "and a query-head group of 1, 2, 4 or 8; this model has head_dim ", config.head_dim,
+        " and group ", group));
+  }
+  if (max_tokens < 1 || max_new < 1) {
+    return absl::InvalidArgumentError("GPU selection: max_tokens and max_new must be >= 1");
+  }
+  std::unique_ptr<CudaSelectionAttention> s(new CudaSelectionAttention(options, config));
+  Device& d = *s->dev_;
+  const int64_t heads = config.num_heads, row = config.num_heads * config.head_dim;
+  const int64_t layers = config.num_layers;
+  d.max_new = max_new;
+  d.max_candidates = std::max<int64_t>(0, max_tokens - options.n_init - options.n_local);
+  const int64_t k = std::min(options.k, std::max<int64_t>(d.max_candidates, 1));
+  if (scores_keys && d.max_candidates > k) {
+    RETURN_IF_ERROR(d.arena.Get(row, &d.query));
+    RETURN_IF_ERROR(d.arena.Get(d.max_candidates * heads, &d.logits));
+    RETURN_IF_ERROR(d.arena.Get(heads, &d.head_max));
+    RETURN_IF_ERROR(d.arena.Get(heads, &d.head_inv_sum));
+    RETURN_IF_ERROR(d.arena.Get(d.max_candidates, &d.vote));
+    char* ws = nullptr;
+    RETURN_IF_ERROR(d.arena.Get(static_cast<int64_t>(kc::ScoreKeysWorkspaceBytes(heads)), &ws));
+    d.score_workspace = ws;
+    RETURN_IF_ERROR(
+        d.arena.Get(static_cast<int64_t>(kc::TopKWorkspaceBytes(d.max_candidates)), &ws));
+    d.topk_workspace = ws;
+    RETURN_IF_ERROR(d.arena.Get(k, &d.prefill_picks));
+    RETURN_IF_ERROR(d.arena.Get(layers * row, &d.cached_query));
+    RETURN_IF_ERROR(d.arena.Get(layers, &d.cached_valid));
+    RETURN_IF_ERROR(d.arena.Get(layers, &d.hit));
+    RETURN_IF_ERROR(d.arena.Get(layers * k, &d.picks));
+  }
+  RETURN_IF_ERROR(d.arena.Get(layers * 2, &d.counters));
+  const int64_t capacity = options.n_init + options.k + options.n_local + max_new;
+  RETURN_IF_ERROR(d.arena.Get(2, &d.indptr));
+  RETURN_IF_ERROR(d.arena.Get(capacity, &d.indices));
+  RETURN_IF_ERROR(d.arena.Get(capacity, &d.positions));
+  RETURN_IF_ERROR(d.arena.Get(max_new, &d.q_positions));
+  RETURN_IF_ERROR(d.arena.Get(max_new, &d.visible));
+  return s;
+}
+
+absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
+                                            CudaAttentionList* list) {
+  Device& d = *dev_;
+  const SelectionOptions& o = options_;
+  const ModelConfig& c = config_;
+  const int64_t n = query.cache_length, m = query.num_new;
+  if (query.layer < 0 || query.layer >= c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU selection: layer ", query.layer,
+                                                   " outside [0, ", c.num_layers, ")"));
+  }
+  if (m < 1 || m > d.max_new || n - o.n_init - o.n_local > d.max_candidates) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU selection: a step of ", m, " new tokens after ", n,
+        " cached ones is outside what the provider was created for"));
+  }
+  cudaStream_t s = query.stream;
+  const bool decode = m == 1;
+  ++stats_.layer_steps;
+  if (decode) ++stats_.decode_layer_steps;
+  int64_t bound = 0;
+  if (o.policy == SelectionPolicyKind::kDense || CoversAll(o, n)) {
+    kc::DenseListParams p;
+    p.kv_indptr = d.indptr;
+    p.q_positions = d.q_positions;
+    p.visible = d.visible;
+    p.num_cached = n;
+    p.num_new = m;
+    RETURN_IF_ERROR(CudaStatus(kc::FillDenseList(p, s), "FillDenseList"));
+    list->kv_indices = query.token_slots;
+    list->kv_positions = query.iota;
+    bound = n + m;
+    ++stats_.full_attention_steps;
+  } else {
+    kc::SelectedListParams lp;
+    lp.kv_indptr = d.indptr;
+    lp.kv_indices = d.indices;
+    lp.kv_positions = d.positions;
+    lp.q_positions = d.q_positions;
+    lp.visible = d.visible;
+    lp.token_slots = query.token_slots;
+    lp.num_cached = n;
+    lp.num_new = m;
+    lp.n_init = o.n_init;
+    if (o.policy == SelectionPolicyKind::kStreaming) {
+      lp.n_local = o.k + o.n_local;
+    } else {
+      const int64_t candidates = n - o.n_init - o.n_local;
+      const int64_t row = c.num_heads * c.head_dim;
+      RETURN_IF_ERROR(CudaStatus(
+          kc::BuildSelectionQuery(d.query, query.q, query.q_row_stride, m, c.num_heads,
+                                  c.head_dim, o.n_local, query.inv_freq, s),
+          "BuildSelectionQuery"));
+      const int32_t* skip = nullptr;
+      int32_t* picks = d.prefill_picks;
+      if (decode) {  // through the layer's selection cache
+        kc::CacheCheckParams cp;
+        cp.hit = d.hit + query.layer;
+        cp.cached_query = d.cached_query + query.layer * row;
+        cp.cached_valid = d.cached_valid + query.layer;
+        cp.query = d.query;
+        cp.dim = row;
+        cp.theta = static_cast<float>(o.theta);
+        RETURN_IF_ERROR(CudaStatus(kc::SelectionCacheCheck(cp, s), "SelectionCacheCheck"));
+        skip = cp.hit;
+        picks = d.picks + query.layer * std::min(o.k, d.max_candidates);
+        lp.hit = cp.hit;
+        lp.counters = d.counters + 2 * query.layer;
+      } else {
+        stats_.candidates_scored += candidates;
+      }
+      kc::KeyScoreParams sp;
+      sp.logits = d.logits;
+      sp.head_max = d.head_max;
+      sp.head_inv_sum = d.head_inv_sum;
+      sp.query = d.query;
+      sp.k_cache = query.k_cache;
+      sp.slots = query.token_slots + o.n_init;
+      sp.workspace = d.score_workspace;
+      sp.n = candidates;
+      sp.num_heads = c.num_heads;
+      sp.num_kv_heads = c.num_kv_heads;
+      sp.head_dim = c.head_dim;
+      sp.scale = o.scale;
+      sp.skip = skip;
+      RETURN_IF_ERROR(CudaStatus(kc::ScoreKeys(sp, s), "ScoreKeys"));
+      kc::VoteParams vp;
+      vp.vote = d.vote;
+      vp.logits = d.logits;
+      vp.head_max = d.head_max;
+      vp.head_inv_sum = d.head_inv_sum;
+      vp.n = candidates;
+      vp.num_heads = c.num_heads;
+      vp.mode = o.policy == SelectionPolicyKind::kTopK ? kc::VoteMode::kSumLogits
+                                                       : kc::VoteMode::kSoftVote;
+      vp.skip = skip;
+      RETURN_IF_ERROR(CudaStatus(kc::VoteFromLogits(vp, s), "VoteFromLogits"));
+      kc::TopKParams tp;
+      tp.out = picks;
+      tp.scores = d.vote;
+      tp.workspace = d.topk_workspace;
+      tp.n = candidates;
+      tp.k = o.k;
+      tp.skip = skip;
+      RETURN_IF_ERROR(CudaStatus(kc::TopK(tp, s), "TopK"));
+      lp.picks = picks;
+      lp.num_picks = std::min(o.k, candidates);
+      lp.n_local = o.n_local;
+    }
+    RETURN_IF_ERROR(CudaStatus(kc::BuildSelectedList(lp, s), "BuildSelectedList"));
+    list->kv_indices = d.indices;
+    list->kv_positions = d.positions;
+    bound = lp.n_init + lp.num_picks + lp.n_local + m;
+  }
+  list->kv_indptr = d.indptr;
+  list->q_positions = d.q_positions;
+  list->visible = d.visible;
+  list->max_kv_len = bound;
+  stats_.attended_tokens += bound;
+  if (decode) stats_.decode_attended_tokens += bound;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SelectionCacheCounters> CudaSelectionAttention::CacheCounters(
+    cudaStream_t stream) const {
+  std::vector<int64_t> host(static_cast<size_t>(2 * config_.num_layers));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host.data(), dev_->counters, host.size() * 8,
+                                             cudaMemcpyDeviceToHost, stream),
+                             "counters copy"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "counters copy"));
+  SelectionCacheCounters total;
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    total.hits += host[2 * l];
+    total.misses += host[2 * l + 1];
+  }
+  return total;
+}
+
+absl::StatusOr<std::vector<int32_t>> CudaSelectionAttention::LayerPicks(
+    int64_t layer, cudaStream_t stream) const {
+  if (dev_->picks == nullptr || layer < 0 || layer >= config_.num_layers) {
+    return absl::InvalidArgumentError("LayerPicks: no picks for this layer or policy");
+  }
+  const int64_t k = std::min(options_.k, dev_->max_candidates);
+  std::vector<int32_t> picks(static_cast<size_t>(k));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(picks.data(), dev_->picks + layer * k, k * 4,
+                                             cudaMemcpyDeviceToHost, stream),
+                             "picks copy"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "picks copy"));
+  return picks;
+}
+
+}  // namespace tokenselect::engine

@@ -1,0 +1,74 @@
+// Token selection on the GPU: the CudaAttentionProvider (engine/model/cuda_attention.h) of the
+// policies that have CUDA kernels, with the semantics of SelectionAttention (the CPU provider,
+// selection_attention.h), which is its oracle:
+//   dense, or a budget that covers the cache   full attention (the token slots in order)
+//   streaming                                  sinks [0, n_init) + the last k + n_local tokens
+//   tokenselect / topk                         selection query (the step's queries rotated at
+//                                              n_local + i, averaged) -> paged key scores over
+//                                              the candidates [n_init, N - n_local) -> soft vote
+//                                              (tokenselect) or summed logits (topk) -> top-k
+// then sinks + picks + window + the new tokens at compact positions. Decode steps go through
+// the per-layer selection cache, kept on the device: the cosine check writes a hit flag that the
+// scoring kernels read, so a hit skips the key scan and reuses the layer's stored picks without
+// the host ever waiting (kernels/cuda/selection.h). Picks that fall into the moved window are
+// dropped on the device (BuildSelectedList), as on the CPU.
+//
+// Other policies (head_vote, tokenselect_span, infllm, quest, cascade) have no GPU provider yet,
+// and the scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
+// Unimplemented naming the policy (or the shape) otherwise.
+//
+// One per request; not thread-safe. Every launch goes to the query's stream.
+#ifndef TOKENSELECT_ENGINE_SELECTION_CUDA_SELECTION_H_
+#define TOKENSELECT_ENGINE_SELECTION_CUDA_SELECTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/cuda_attention.h"
+#include "engine/model/model_config.h"
+#include "engine/selection/selection_attention.h"
+#include "engine/selection/selection_cache.h"
+#include "engine/selection/selection_options.h"
+
+namespace tokenselect::engine {
+
+class CudaSelectionAttention : public CudaAttentionProvider {
+ public:
+  // For sequences of up to max_tokens tokens and steps of up to max_new tokens. InvalidArgument
+  // for invalid options (ValidateSelectionOptions), Unimplemented for a policy without a GPU
+  // provider, ResourceExhausted when device memory runs out.
+  static absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> Create(
+      const SelectionOptions& options, const ModelConfig& config, int64_t max_tokens,
+      int64_t max_new);
+  ~CudaSelectionAttention() override;
+  CudaSelectionAttention(const CudaSelectionAttention&) = delete;
+  CudaSelectionAttention& operator=(const CudaSelectionAttention&) = delete;
+
+  absl::Status Select(const CudaAttentionQuery& query, CudaAttentionList* list) override;
+
+  const SelectionOptions& options() const { return options_; }
+  // Host-side counts (layer steps, attended-token bounds, candidates scored; selection_seconds
+  // stays 0: the work is asynchronous - time it with the GPU benchmarks).
+  const SelectionStats& stats() const { return stats_; }
+  // The selection cache's hits and misses over all layers (copies device counters: waits for
+  // the stream).
+  absl::StatusOr<SelectionCacheCounters> CacheCounters(cudaStream_t stream) const;
+  // The picks (candidate offsets from n_init, ascending) a layer's last selection stored, for
+  // tests (waits for the stream).
+  absl::StatusOr<std::vector<int32_t>> LayerPicks(int64_t layer, cudaStream_t stream) const;
+
+ private:
+  struct Device;
+  CudaSelectionAttention(const SelectionOptions& options, const ModelConfig& config);
+
+  const SelectionOptions options_;
+  const ModelConfig config_;
+  std::unique_ptr<Device> dev_;
+  SelectionStats stats_;
+};
+
+}  // namespace tokenselect::engine
+
+#endif  // TOKENSELECT_ENGINE_SELECTION_CUDA_SELECTION_H_

@@ -1,0 +1,245 @@
+// The GPU backend end to end against the CPU backend: chunked prefill (dense and TokenSelect)
+// and free-running greedy generation through Generator, on the generated presets with
+// transformers' own init (weights N(0, 0.02), DummyInit::kHuggingFace). The CPU oracle runs
+// with ModelOptions::emulate_bf16 (bf16 exactly where the GPU stores bf16, fp32 elsewhere), so
+// what remains is summation order, the GPU attention kernels' bf16 probabilities and fast
+// sin/cos: logits within relative L2 2e-2 after every prefill (measured <= 0.009).
+//
+// Greedy continuations: the issue asks for identical 32-token continuations on >= 95% of prompts.
+// These N(0, 0.02) models have nearly flat next-token distributions, so the top-2 logit gap is
+// often below the remaining kernel rounding (bf16 probabilities in the attention kernels): on an
+// H200 dense and streaming agree on 16-20 of 20 prompts per preset and TokenSelect on 10 of 20
+// (a flipped near-tie in a vote changes a pick, and a pick changes the attention set), with the
+// failing prompts changing from run to run (noise, not a fixed fault). The assertions below are
+// regression floors under those measurements, not the 95% target, which is reported as missed.
+// TokenSelect runs only on the presets whose head_dim the GPU scoring kernels take (64/128); the
+// others must refuse it with Unimplemented.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/generation/backend.h"
+#include "engine/generation/cuda_backend.h"
+#include "engine/generation/demo_checkpoint.h"
+#include "engine/generation/generator.h"
+#include "engine/kvcache/page_pool.h"
+#include "engine/kvcache/token_table.h"
+#include "engine/model/cuda_model.h"
+#include "engine/model/dummy_weights.h"
+#include "engine/model/model.h"
+#include "engine/model/model_presets.h"
+#include "engine/selection/cuda_selection.h"
+#include "engine/selection/selection_attention.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tokenselect::engine {
+namespace {
+
+double RelativeL2(const std::vector<float>& got, const std::vector<float>& ref) {
+  double err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    err2 += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    ref2 += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(err2 / ref2);
+}
+
+std::vector<int32_t> Prompt(int64_t n, int64_t salt, int64_t vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(3 + (i * 7919 + salt * 104729) % (vocab - 3));
+  return ids;
+}
+
+SelectionOptions SmallBudget(SelectionPolicyKind policy) {
+  SelectionOptions s;
+  s.policy = policy;
+  s.n_init = 8;
+  s.k = 64;
+  s.n_local = 32;
+  s.chunk_size = 64;
+  s.theta = 0.9;
+  return s;
+}
+
+class CudaGenerationTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string dir = ::testing::TempDir() + "/cuda_generation_" + GetParam();
+    DemoCheckpointOptions demo;
+    demo.preset = GetParam();
+    ASSERT_TRUE(WriteDemoCheckpoint(dir, demo).ok());
+    auto tok = tokenizer::Tokenizer::LoadFromDirectory(dir);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tokenizer_ = std::move(*tok);
+    PresetOptions preset;
+    preset.vocab_size = demo.vocab_size;
+    auto config = PresetConfig(GetParam(), preset);
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = *config;
+    DummyWeightOptions dummy;
+    dummy.init = DummyInit::kHuggingFace;
+    dummy.seed = 11;
+    auto weights = LoadDummyWeights(config_, dummy);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    CudaModelOptions options;
+    options.max_tokens = 1024;
+    options.max_chunk = 64;
+    auto gpu = CudaModel::Create(config_, *weights, options);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    gpu_ = std::move(*gpu);
+    ModelOptions bf16;
+    bf16.emulate_bf16 = true;
+    auto cpu = Model::Create(config_, *std::move(weights), bf16);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    cpu_ = std::move(*cpu);
+    auto pool = PagePool::Create(cpu_->KvCacheOptions(64, 16));
+    ASSERT_TRUE(pool.ok());
+    pool_ = std::move(*pool);
+  }
+
+  ModelConfig config_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<CudaModel> gpu_;
+  std::unique_ptr<Model> cpu_;
+  std::unique_ptr<PagePool> pool_;
+};
+
+// Prefill in chunks of 64 (the GPU's prefill attention kernel, and for TokenSelect the GPU
+// selection of every chunk) lands within 2e-2 of the CPU's logits.
+bool GpuScores(const ModelConfig& c) { return c.head_dim == 64 || c.head_dim == 128; }
+
+TEST_P(CudaGenerationTest, ChunkedPrefillLogitsMatchTheCpu) {
+  for (SelectionPolicyKind policy : {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect}) {
+    const SelectionOptions sel = SmallBudget(policy);
+    if (policy == SelectionPolicyKind::kTokenSelect && !GpuScores(config_)) {
+      auto refused = CudaSelectionAttention::Create(sel, config_, 1024, 64);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+      continue;
+    }
+    double worst = 0;
+    for (int64_t n : {1, 63, 64, 65, 200, 517}) {
+      const std::vector<int32_t> prompt = Prompt(n, n, config_.vocab_size);
+      auto gpu_sel = CudaSelectionAttention::Create(sel, config_, gpu_->options().max_tokens, 64);
+      ASSERT_TRUE(gpu_sel.ok()) << gpu_sel.status();
+      auto cpu_sel = SelectionAttention::Create(sel, config_.num_layers);
+      ASSERT_TRUE(cpu_sel.ok());
+      gpu_->Reset();
+      std::vector<float> gpu_logits, cpu_logits;
+      TokenTable table(pool_.get(), "prefill");
+      ASSERT_TRUE(table.Reserve(n).ok());
+      ForwardWorkspace ws;
+      for (int64_t begin = 0; begin < n; begin += sel.chunk_size) {
+        const int64_t len = std::min<int64_t>(sel.chunk_size, n - begin);
+        const bool last = begin + len == n;
+        ASSERT_TRUE(gpu_->Forward(absl::MakeConstSpan(prompt).subspan(begin, len), gpu_sel->get(),
+                                  last ? &gpu_logits : nullptr)
+                        .ok());
+        ForwardRequest request;
+        request.tokens = absl::MakeConstSpan(prompt).subspan(begin, len);
+        request.table = &table;
+        request.attention = cpu_sel->get();
+        request.logits = last ? LogitsRows::kLast : LogitsRows::kNone;
+        ASSERT_TRUE(cpu_->Forward(request, &ws, &cpu_logits).ok());
+      }
+      const double rel = RelativeL2(gpu_logits, cpu_logits);
+      EXPECT_LE(rel, 2e-2) << PolicyName(policy) << " n=" << n;
+      worst = std::max(worst, rel);
+    }
+    std::printf("%s %s: chunked-prefill logits rel L2 vs CPU worst %.3g\n", GetParam().c_str(),
+                std::string(PolicyName(policy)).c_str(), worst);
+  }
+}
+
+// Free-running greedy generation through Generator on both backends.
+TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
+  CpuBackend cpu_backend(cpu_.get(), pool_.get());
+  CudaBackend gpu_backend(gpu_.get());
+  Generator cpu_gen(&cpu_backend, tokenizer_.get());
+  Generator gpu_gen(&gpu_backend, tokenizer_.get());
+  for (SelectionPolicyKind policy : {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect,
+                                     SelectionPolicyKind::kStreaming}) {
+    GenerationOptions options;
+    options.sampling.temperature = 0;
+    options.sampling.max_new_tokens = 32;
+    options.sampling.ignore_eos = true;
+    options.selection = SmallBudget(policy);
+    if (policy == SelectionPolicyKind::kTokenSelect && !GpuScores(config_)) continue;
+    int same = 0, total = 0;
+    int64_t hits = 0, lookups = 0;
+    for (int i = 0; i < 20; ++i) {
+      const std::vector<int32_t> prompt = Prompt(40 + 23 * i, 1000 + i, config_.vocab_size);
+      auto want = cpu_gen.Generate(prompt, options, nullptr);
+      ASSERT_TRUE(want.ok()) << want.status();
+      auto got = gpu_gen.Generate(prompt, options, nullptr);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ++total;
+      if (got->token_ids == want->token_ids) {
+        ++same;
+      } else {
+        size_t first = 0;
+        while (first < got->token_ids.size() && got->token_ids[first] == want->token_ids[first]) {
+          ++first;
+        }
+        std::printf("  prompt %d (%zu tokens): first difference at generated token %zu\n", i,
+                    prompt.size(), first);
+      }
+      EXPECT_EQ(got->stats.generated_tokens, 32);
+      hits += got->stats.cache.hits;
+      lookups += got->stats.cache.lookups();
+      if (policy == SelectionPolicyKind::kTokenSelect) {
+        // Same cache decisions on both backends whenever the continuations agree.
+        if (got->token_ids == want->token_ids) {
+          EXPECT_EQ(got->stats.cache.hits, want->stats.cache.hits) << "prompt " << i;
+          EXPECT_EQ(got->stats.cache.misses, want->stats.cache.misses) << "prompt " << i;
+        }
+      }
+    }
+    std::printf("%s %s: identical greedy continuations on %d of %d prompts; GPU selection cache "
+                "%lld hits of %lld lookups\n",
+                GetParam().c_str(), std::string(PolicyName(policy)).c_str(), same, total,
+                static_cast<long long>(hits), static_cast<long long>(lookups));
+    const int floor_percent = policy == SelectionPolicyKind::kTokenSelect ? 35 : 70;
+    EXPECT_GE(same * 100, total * floor_percent) << PolicyName(policy);
+  }
+  EXPECT_TRUE(pool_->CheckNoLeaks().ok());
+}
+
+TEST_P(CudaGenerationTest, BackendErrors) {
+  CudaBackend backend(gpu_.get());
+  Generator gen(&backend, tokenizer_.get());
+  GenerationOptions options;
+  options.sampling.max_new_tokens = 4;
+  options.selection.chunk_size = 64;
+  options.selection.policy = SelectionPolicyKind::kQuest;
+  auto unimplemented = gen.Generate({5, 6, 7}, options, nullptr);
+  EXPECT_EQ(unimplemented.status().code(), absl::StatusCode::kUnimplemented);
+  options.selection.policy = SelectionPolicyKind::kStreaming;
+  options.selection.chunk_size = 65;  // the model's max_chunk is 64
+  auto chunk = gen.Generate({5, 6, 7}, options, nullptr);
+  EXPECT_EQ(chunk.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(chunk.status().message().find("selection.chunk_size"), std::string::npos);
+  options.selection.chunk_size = 64;
+  options.sampling.max_new_tokens = 2000;  // over max_tokens 1024
+  auto too_long = gen.Generate({5, 6, 7}, options, nullptr);
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kResourceExhausted);
+  auto bad_id = gen.Generate({5, -1}, options, nullptr);
+  EXPECT_EQ(bad_id.status().code(), absl::StatusCode::kInvalidArgument);
+  // The backend is free again after every error: a valid request runs.
+  options.sampling.max_new_tokens = 4;
+  auto ok = gen.Generate({5, 6, 7}, options, nullptr);
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, CudaGenerationTest,
+                         ::testing::Values("llama-gqa", "qwen2-bias", "llama3-rope"));
+
+}  // namespace
+}  // namespace tokenselect::engine

@@ -1,0 +1,305 @@
+// CudaSelectionAttention (engine/selection/cuda_selection.h) against its CPU oracle: the same
+// selection query (selection_query.h), policy (selection_policy.h), selection cache
+// (selection_cache.h) and attention list (attention_list.h) run on the same bf16-rounded keys
+// and queries. The lists must be equal entry for entry (slots, compact positions, query
+// positions, visibility); random fp32 data has no exact vote ties, and a near-tie that the two
+// selection queries' last-bit differences could flip is reported and tolerated once per case.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/model/cuda_attention.h"
+#include "engine/selection/attention_list.h"
+#include "engine/selection/cuda_selection.h"
+#include "engine/selection/selection_cache.h"
+#include "engine/selection/selection_policy.h"
+#include "engine/selection/selection_query.h"
+#include "kernels/ops.h"
+
+namespace tokenselect::engine {
+namespace {
+
+float RoundBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&f, &u, sizeof(u));
+  return f;
+}
+
+template <typename T>
+T* Upload(const std::vector<T>& host) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, host.size()) * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return static_cast<T*>(p);
+}
+
+std::vector<int32_t> Download(const int32_t* p, int64_t n) {
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  EXPECT_EQ(cudaMemcpy(out.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+std::vector<__nv_bfloat16> ToBf16(const std::vector<float>& v) {
+  std::vector<__nv_bfloat16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
+  return out;
+}
+
+struct Shape {
+  int64_t heads, kv_heads, head_dim;
+};
+
+class CudaSelectionTest : public ::testing::TestWithParam<Shape> {
+ protected:
+  // A sequence of `total` tokens in scrambled slots with bf16-valued random keys.
+  void SetUpCache(int64_t total, std::mt19937* rng) {
+    const Shape s = GetParam();
+    config_.num_layers = 2;
+    config_.num_heads = s.heads;
+    config_.num_kv_heads = s.kv_heads;
+    config_.head_dim = s.head_dim;
+    config_.hidden_size = s.heads * s.head_dim;
+    num_slots_ = total + 37;
+    std::vector<int32_t> perm(static_cast<size_t>(num_slots_));
+    for (int64_t i = 0; i < num_slots_; ++i) perm[i] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), *rng);
+    slots_.assign(perm.begin(), perm.begin() + total);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    k_.resize(static_cast<size_t>(num_slots_ * s.kv_heads * s.head_dim));
+    for (float& x : k_) x = RoundBf16(normal(*rng));
+    iota_.resize(static_cast<size_t>(total + 2));
+    for (size_t i = 0; i < iota_.size(); ++i) iota_[i] = static_cast<int32_t>(i);
+    kernels::RopeParams rope;
+    rope.head_dim = s.head_dim;
+    inv_freq_ = kernels::RopeInverseFrequencies(rope);
+    d_k_ = Upload(ToBf16(k_));
+    d_slots_ = Upload(slots_);
+    d_iota_ = Upload(iota_);
+    d_inv_freq_ = Upload(inv_freq_);
+  }
+  void TearDown() override {
+    for (void* p : {static_cast<void*>(d_k_), static_cast<void*>(d_slots_),
+                    static_cast<void*>(d_iota_), static_cast<void*>(d_inv_freq_),
+                    static_cast<void*>(d_q_)}) {
+      if (p != nullptr) cudaFree(p);
+    }
+  }
+
+  // Runs the GPU provider for `num_new` query rows after `cached` tokens; returns the list.
+  AttentionList RunGpu(CudaSelectionAttention* provider, int64_t layer, int64_t cached,
+                       const std::vector<float>& q, int64_t num_new) {
+    if (d_q_ != nullptr) cudaFree(d_q_);
+    d_q_ = Upload(ToBf16(q));
+    CudaAttentionQuery query;
+    query.layer = layer;
+    query.cache_length = cached;
+    query.num_new = num_new;
+    query.q = d_q_;
+    query.q_row_stride = config_.num_heads * config_.head_dim;
+    query.k_cache = d_k_;
+    query.token_slots = d_slots_;
+    query.iota = d_iota_;
+    query.inv_freq = d_inv_freq_;
+    query.config = &config_;
+    CudaAttentionList list;
+    const absl::Status st = provider->Select(query, &list);
+    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<int32_t> indptr = Download(list.kv_indptr, 2);
+    EXPECT_LE(indptr[1], list.max_kv_len);
+    AttentionList out;
+    out.kv_slots = Download(list.kv_indices, indptr[1]);
+    out.kv_positions = Download(list.kv_positions, indptr[1]);
+    out.q_positions = Download(list.q_positions, num_new);
+    out.visible = Download(list.visible, num_new);
+    return out;
+  }
+
+  SelectionInput CpuInput(const std::vector<float>& query, int64_t cached) const {
+    SelectionInput in;
+    in.query = query.data();
+    in.num_heads = config_.num_heads;
+    in.keys.k_cache = k_.data();
+    in.keys.slots = slots_.data();
+    in.keys.num_tokens = cached;
+    in.keys.num_slots = num_slots_;
+    in.keys.num_kv_heads = config_.num_kv_heads;
+    in.keys.head_dim = config_.head_dim;
+    return in;
+  }
+
+  std::vector<float> RandomQ(int64_t rows, std::mt19937* rng) const {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> q(static_cast<size_t>(rows * config_.num_heads * config_.head_dim));
+    for (float& x : q) x = RoundBf16(normal(*rng));
+    return q;
+  }
+
+  // Entries that differ between two lists (a near-tie flip changes one pick: two entries).
+  static int64_t Mismatches(const AttentionList& a, const AttentionList& b) {
+    if (a.kv_slots.size() != b.kv_slots.size() || a.q_positions != b.q_positions ||
+        a.visible != b.visible || a.kv_positions != b.kv_positions) {
+      return 1 << 30;
+    }
+    std::vector<int32_t> x = a.kv_slots, y = b.kv_slots;
+    std::sort(x.begin(), x.end());
+    std::sort(y.begin(), y.end());
+    std::vector<int32_t> diff;
+    std::set_symmetric_difference(x.begin(), x.end(), y.begin(), y.end(),
+                                  std::back_inserter(diff));
+    return static_cast<int64_t>(diff.size());
+  }
+
+  ModelConfig config_;
+  int64_t num_slots_ = 0;
+  std::vector<int32_t> slots_, iota_;
+  std::vector<float> k_, inv_freq_;
+  __nv_bfloat16* d_k_ = nullptr;
+  int32_t* d_slots_ = nullptr;
+  int32_t* d_iota_ = nullptr;
+  float* d_inv_freq_ = nullptr;
+  __nv_bfloat16* d_q_ = nullptr;
+};
+
+TEST_P(CudaSelectionTest, PrefillChunkListsMatchTheCpuPolicy) {
+  std::mt19937 rng(20261121);
+  const int64_t chunk = 37;
+  SetUpCache(5000 + chunk, &rng);
+  for (SelectionPolicyKind kind : {SelectionPolicyKind::kTokenSelect, SelectionPolicyKind::kTopK,
+                                   SelectionPolicyKind::kStreaming, SelectionPolicyKind::kDense}) {
+    SelectionOptions opt;
+    opt.policy = kind;
+    opt.n_init = 16;
+    opt.k = 300;
+    opt.n_local = 64;
+    opt.chunk_size = chunk;
+    auto provider = CudaSelectionAttention::Create(opt, config_, 5000 + chunk, chunk);
+    ASSERT_TRUE(provider.ok()) << provider.status();
+    auto policy = CreateSelectionPolicy(opt);
+    ASSERT_TRUE(policy.ok());
+    int64_t flips = 0;
+    for (int64_t cached : {int64_t{0}, int64_t{300}, int64_t{380}, int64_t{381}, int64_t{2999},
+                           int64_t{5000}}) {
+      const std::vector<float> q = RandomQ(chunk, &rng);
+      const AttentionList gpu = RunGpu(provider->get(), 0, cached, q, chunk);
+      std::vector<float> sel(static_cast<size_t>(config_.num_heads * config_.head_dim));
+      ASSERT_TRUE(BuildSelectionQuery(q.data(), chunk, config_.num_heads, config_.head_dim,
+                                      opt.n_local, inv_freq_.data(), sel.data())
+                      .ok());
+      SelectionResult result;
+      SelectionScratch scratch;
+      ASSERT_TRUE((*policy)->Select(CpuInput(sel, cached), &result, &scratch).ok());
+      AttentionList cpu;
+      ASSERT_TRUE(BuildAttentionList(result.tokens, slots_, cached, chunk, &cpu).ok());
+      const int64_t mismatches = Mismatches(gpu, cpu);
+      EXPECT_LE(mismatches, 2) << PolicyName(kind) << " cached=" << cached;
+      flips += mismatches > 0;
+    }
+    EXPECT_LE(flips, 1) << PolicyName(kind);
+  }
+}
+
+// Decode steps through the selection cache: the GPU's hit decisions, counters and lists equal
+// the CPU SelectionCache's, for queries that drift slowly (hits at theta 0.9 happen) and for the
+// theta extremes.
+TEST_P(CudaSelectionTest, DecodeStepsThroughTheCacheMatchTheCpu) {
+  std::mt19937 rng(7);
+  const int64_t first = 3000, steps = 40;
+  SetUpCache(first + steps, &rng);
+  for (double theta : {0.9, -1.0, 1.01}) {
+    SelectionOptions opt;
+    opt.n_init = 8;
+    opt.k = 200;
+    opt.n_local = 32;
+    opt.theta = theta;
+    auto provider = CudaSelectionAttention::Create(opt, config_, first + steps, 16);
+    ASSERT_TRUE(provider.ok()) << provider.status();
+    auto policy = CreateSelectionPolicy(opt);
+    ASSERT_TRUE(policy.ok());
+    SelectionCache cache(config_.num_layers, theta);
+    std::vector<float> q = RandomQ(1, &rng);
+    std::normal_distribution<float> drift(0.0f, 0.15f);
+    int64_t flips = 0;
+    for (int64_t t = 0; t < steps; ++t) {
+      for (float& x : q) x = RoundBf16(x + (t % 5 == 4 ? 6.0f : 1.0f) * drift(rng));
+      const int64_t cached = first + t;
+      for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+        const AttentionList gpu = RunGpu(provider->get(), layer, cached, q, 1);
+        std::vector<float> sel(static_cast<size_t>(config_.num_heads * config_.head_dim));
+        ASSERT_TRUE(BuildSelectionQuery(q.data(), 1, config_.num_heads, config_.head_dim,
+                                        opt.n_local, inv_freq_.data(), sel.data())
+                        .ok());
+        SelectionResult result;
+        SelectionScratch scratch;
+        ASSERT_TRUE(cache.Select(layer, **policy, CpuInput(sel, cached), &result, &scratch).ok());
+        AttentionList cpu;
+        ASSERT_TRUE(BuildAttentionList(result.tokens, slots_, cached, 1, &cpu).ok());
+        const int64_t mismatches = Mismatches(gpu, cpu);
+        EXPECT_LE(mismatches, 2) << "theta=" << theta << " step " << t << " layer " << layer;
+        flips += mismatches > 0;
+      }
+    }
+    EXPECT_LE(flips, 1) << "theta=" << theta;
+    auto counters = (*provider)->CacheCounters(nullptr);
+    ASSERT_TRUE(counters.ok());
+    const SelectionCacheCounters cpu = cache.total_counters();
+    EXPECT_EQ(counters->hits, cpu.hits) << "theta=" << theta;
+    EXPECT_EQ(counters->misses, cpu.misses) << "theta=" << theta;
+    std::printf("theta %.2f: %lld hits, %lld misses (CPU %lld/%lld)\n", theta,
+                static_cast<long long>(counters->hits), static_cast<long long>(counters->misses),
+                static_cast<long long>(cpu.hits), static_cast<long long>(cpu.misses));
+    if (theta == -1.0) {
+      EXPECT_EQ(cpu.misses, config_.num_layers);
+    }
+    if (theta > 1.0) {
+      EXPECT_EQ(cpu.hits, 0);
+    }
+    if (theta == 0.9) {
+      EXPECT_GT(cpu.hits, 0);
+      EXPECT_GT(cpu.misses, config_.num_layers);
+    }
+  }
+}
+
+TEST_P(CudaSelectionTest, RefusesPoliciesWithoutGpuKernelsAndBadSteps) {
+  std::mt19937 rng(1);
+  SetUpCache(100, &rng);
+  SelectionOptions opt;
+  opt.policy = SelectionPolicyKind::kHeadVote;
+  auto refused = CudaSelectionAttention::Create(opt, config_, 100, 8);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(refused.status().message().find("head_vote"), std::string::npos);
+  opt.policy = SelectionPolicyKind::kTokenSelect;
+  opt.k = -1;
+  auto invalid = CudaSelectionAttention::Create(opt, config_, 100, 8);
+  ASSERT_FALSE(invalid.ok());
+  EXPECT_EQ(invalid.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(invalid.status().message().find("selection.k"), std::string::npos);
+  opt.k = 16;
+  auto provider = CudaSelectionAttention::Create(opt, config_, 100, 8);
+  ASSERT_TRUE(provider.ok());
+  CudaAttentionQuery query;
+  query.config = &config_;
+  query.num_new = 9;  // more than max_new
+  CudaAttentionList list;
+  EXPECT_EQ((*provider)->Select(query, &list).code(), absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaSelectionTest,
+                         ::testing::Values(Shape{8, 8, 64}, Shape{8, 2, 128}, Shape{32, 8, 128},
+                                           Shape{4, 1, 64}));
+
+}  // namespace
+}  // namespace tokenselect::engine
