@@ -10,16 +10,36 @@
 //                     same bytes with no packing, no chunking, no scrambled slots)
 //   nccl per slice    the same buffer as 256 back-to-back 64 MiB ncclSend / ncclRecv: the cost
 //                     of chunking alone
+//   ... registered    the same two with a buffer from ncclMemAlloc registered with
+//                     ncclCommRegister on both sides (NCCL's zero-copy P2P, as the link uses)
 //   link per chunk    SendChunk / RecvChunk per 512-token chunk (all layers, 64 MiB), i.e. gather
 //                     out of scrambled slots, ncclSend, ncclRecv, scatter into scrambled slots,
-//                     two chunks in flight, then Flush: time on the receiver from a barrier to the
-//                     last byte in its slots; once per NcclKvLinkOptions::copy_blocks value
-//                     (how many SMs the pack / scatter kernels may take from NCCL)
+//                     then Flush: time on the receiver from a barrier to the last byte in its
+//                     slots; once per (NcclKvLinkOptions::copy_blocks: how many SMs the pack /
+//                     scatter kernels may take from NCCL, staging_buffers: chunks in flight)
 //   gather / scatter  the pack kernels alone on GPU 1 (the same 256 chunks, no NCCL): their
 //                     bytes read + written / time against the device's copy bandwidth
 // Each row: best and median of --reps timed runs after one warm-up run.
 //
 //   bench_nccl_kv [--tokens N] [--reps R]
+//
+// 2 x H200 (NV18), NCCL 2.28.3, 128K tokens, 5 reps (docs/kv_transfer.md explains the numbers):
+//   path                                       best ms  median ms  best GB/s  vs nccl (best)
+//   nccl send/recv, one contiguous buffer         46.1       46.2      372.7     100%
+//   nccl send/recv per 64 MiB slice (no pack)     50.7       50.7      338.9     90.9%
+//     the same, registered: one buffer            46.3       46.4      370.7     99.5%
+//     the same, registered: per 64 MiB slice      49.8       49.8      345.0     92.6%
+//   link, copy_blocks 0 (uncapped), 3 buffers     57.1       57.5      301.1     80.8%
+//   link, copy_blocks 32, 3 buffers               54.4       55.9      315.7     84.7%
+//   link, copy_blocks 64, 3 buffers               54.3       56.6      316.7     85.0%
+//   link, copy_blocks 128, 3 buffers (default)    55.7       56.7      308.5     82.8%
+//   link, copy_blocks 192, 3 buffers              55.4       56.0      310.0     83.2%
+//   link, copy_blocks 128, 4 buffers              54.9       55.7      312.7     83.9%
+//   link, copy_blocks 128, 2 buffers              59.0       59.5      291.0     78.1%
+//   link, copy_blocks 64, 2 buffers (before)      60.4       62.1      284.5     76.3%
+//   KvGather / KvScatter alone, uncapped           9.7 / 9.9 ms = 3.5 TB/s read + written
+//   KvGather / KvScatter alone, 32 blocks         29.6 / 29.3 ms = 1.16 TB/s
+//   cudaMemcpy D2D (copy ceiling)                  4.0 ms = 4.3 TB/s
 #include <nccl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -91,6 +111,8 @@ struct Side {
   float* flag = nullptr;
   char* id_buffer = nullptr;  // a link's unique id travels over the raw communicator
   void* contiguous = nullptr;
+  void* registered = nullptr;  // ncclMemAlloc, registered with `raw`
+  void* registration = nullptr;
 
   int64_t bytes() const { return kLayers * 2 * tokens * kRow * 2; }
 
@@ -120,6 +142,9 @@ struct Side {
     ncclUniqueId id;
     std::memcpy(id.internal, raw_id.data(), NCCL_UNIQUE_ID_BYTES);
     NCCL_CHECK(ncclCommInitRank(&raw, 2, id, rank));
+    NCCL_CHECK(ncclMemAlloc(&registered, bytes()));
+    CUDA_CHECK(cudaMemset(registered, 0x3c, bytes()));
+    NCCL_CHECK(ncclCommRegister(raw, registered, bytes(), &registration));
   }
 
   engine::NcclKvCache Cache() const {
@@ -154,14 +179,15 @@ struct Side {
     CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
-  // One ncclSend / ncclRecv of the whole contiguous buffer; seconds.
-  double Contiguous() {
+  // One ncclSend / ncclRecv of the whole contiguous (or registered) buffer; seconds.
+  double Contiguous(bool use_registered) {
+    void* buffer = use_registered ? registered : contiguous;
     Barrier();
     const double t0 = Now();
     if (rank == 0) {
-      NCCL_CHECK(ncclSend(contiguous, bytes(), ncclUint8, 1, raw, stream));
+      NCCL_CHECK(ncclSend(buffer, bytes(), ncclUint8, 1, raw, stream));
     } else {
-      NCCL_CHECK(ncclRecv(contiguous, bytes(), ncclUint8, 0, raw, stream));
+      NCCL_CHECK(ncclRecv(buffer, bytes(), ncclUint8, 0, raw, stream));
     }
     CUDA_CHECK(cudaStreamSynchronize(stream));
     return Now() - t0;
@@ -169,12 +195,12 @@ struct Side {
 
   // The contiguous buffer as one ncclSend / ncclRecv per chunk-sized slice (64 MiB), back to
   // back on one stream: what chunking alone costs NCCL, without packing or scrambled slots.
-  double ContiguousChunked() {
+  double ContiguousChunked(bool use_registered) {
     const int64_t slice = kLayers * 2 * kChunk * kRow * 2;
     Barrier();
     const double t0 = Now();
     for (int64_t off = 0; off < bytes(); off += slice) {
-      char* p = static_cast<char*>(contiguous) + off;
+      char* p = static_cast<char*>(use_registered ? registered : contiguous) + off;
       const size_t n = static_cast<size_t>(std::min(slice, bytes() - off));
       if (rank == 0) {
         NCCL_CHECK(ncclSend(p, n, ncclUint8, 1, raw, stream));
@@ -209,21 +235,32 @@ struct Side {
   }
 };
 
-constexpr int kCopyBlocks[] = {0, 64, 128};  // NcclKvLinkOptions::copy_blocks swept
+// NcclKvLinkOptions swept: {copy_blocks, staging_buffers}.
+struct Variant {
+  int copy_blocks;
+  int staging_buffers;
+};
+// {64, 2} was the first design's default.
+constexpr Variant kVariants[] = {{0, 3},   {32, 3},  {64, 3},  {128, 3},
+                                 {192, 3}, {128, 4}, {128, 2}, {64, 2}};
 
 int Run(int rank, int64_t tokens, int reps, const std::string& raw_id, pid_t child) {
   Side side;
   side.Init(rank, tokens, raw_id);
-  std::vector<double> contiguous, chunked;
+  // [registered?]
+  std::vector<double> contiguous[2], chunked[2];
   std::vector<std::vector<double>> linked;
-  side.Contiguous();  // warm-up (NCCL connects p2p peers lazily)
-  for (int i = 0; i < reps; ++i) contiguous.push_back(side.Contiguous());
-  side.ContiguousChunked();
-  for (int i = 0; i < reps; ++i) chunked.push_back(side.ContiguousChunked());
-  for (const int blocks : kCopyBlocks) {
+  for (int reg = 0; reg < 2; ++reg) {
+    side.Contiguous(reg);  // warm-up (NCCL connects p2p peers and maps registrations lazily)
+    for (int i = 0; i < reps; ++i) contiguous[reg].push_back(side.Contiguous(reg));
+    side.ContiguousChunked(reg);
+    for (int i = 0; i < reps; ++i) chunked[reg].push_back(side.ContiguousChunked(reg));
+  }
+  for (const Variant& variant : kVariants) {
     engine::NcclKvLinkOptions options;
     options.max_chunk_tokens = kChunk;
-    options.copy_blocks = blocks;
+    options.copy_blocks = variant.copy_blocks;
+    options.staging_buffers = variant.staging_buffers;
     auto link = NcclKvLink::Connect(side.ShareId(), rank, rank, side.Cache(), options);
     if (!link.ok()) {
       std::fprintf(stderr, "rank %d connect: %s\n", rank, link.status().ToString().c_str());
@@ -325,29 +362,38 @@ int Run(int rank, int64_t tokens, int reps, const std::string& raw_id, pid_t chi
       prop.name, nccl_version, static_cast<long>(tokens), static_cast<long>(kLayers),
       static_cast<long>(kRow), side.bytes() / 1073741824.0, static_cast<long>(kChunk),
       chunk_bytes / 1048576.0, static_cast<long>(kPage), reps);
+  for (const char* env :
+       {"NCCL_LOCAL_REGISTER", "NCCL_P2P_LEVEL", "NCCL_P2P_NET_CHUNKSIZE", "NCCL_P2P_NVL_CHUNKSIZE",
+        "NCCL_NCHANNELS_PER_PEER", "NCCL_P2P_USE_CUDA_MEMCPY", "NCCL_P2P_READ_ENABLE"}) {
+    if (const char* v = std::getenv(env)) std::printf("  (diagnosis run: %s=%s)\n", env, v);
+  }
   std::printf("%-44s %10s %10s %10s %10s %9s\n", "path", "best ms", "median ms", "best GB/s",
               "med GB/s", "vs nccl");
-  const Stats c = Summarize(contiguous), m = Summarize(copies);
+  const Stats c = Summarize(contiguous[0]), m = Summarize(copies);
   auto row = [&](const std::string& name, const Stats& st, double bytes, const std::string& note) {
     std::printf("%-44s %10.1f %10.1f %10.1f %10.1f %9s\n", name.c_str(), st.best * 1e3,
                 st.median * 1e3, bytes / st.best / 1e9, bytes / st.median / 1e9, note.c_str());
   };
+  auto ratio = [&](const Stats& st) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f%%", 100.0 * c.best / st.best);
+    return std::string(text);
+  };
   row("nccl send/recv, one contiguous buffer", c, side.bytes(), "100%");
-  {
-    const Stats k = Summarize(chunked);
-    char ratio[32];
-    std::snprintf(ratio, sizeof(ratio), "%.1f%%", 100.0 * c.best / k.best);
-    row("nccl send/recv per 64 MiB slice (no pack)", k, side.bytes(), ratio);
-  }
+  row("nccl send/recv per 64 MiB slice (no pack)", Summarize(chunked[0]), side.bytes(),
+      ratio(Summarize(chunked[0])));
+  row("  the same, registered: one buffer", Summarize(contiguous[1]), side.bytes(),
+      ratio(Summarize(contiguous[1])));
+  row("  the same, registered: per 64 MiB slice", Summarize(chunked[1]), side.bytes(),
+      ratio(Summarize(chunked[1])));
   double best_link = 1e30;
   for (size_t i = 0; i < linked.size(); ++i) {
     const Stats l = Summarize(linked[i]);
     best_link = std::min(best_link, l.best);
-    char ratio[32];
-    std::snprintf(ratio, sizeof(ratio), "%.1f%%", 100.0 * c.best / l.best);
-    row("link per chunk, copy_blocks " + std::to_string(kCopyBlocks[i]) +
-            (kCopyBlocks[i] == 0 ? " (uncapped)" : ""),
-        l, side.bytes(), ratio);
+    row("link, copy_blocks " + std::to_string(kVariants[i].copy_blocks) +
+            (kVariants[i].copy_blocks == 0 ? " (uncapped)" : "") + ", " +
+            std::to_string(kVariants[i].staging_buffers) + " buffers",
+        l, side.bytes(), ratio(l));
   }
   std::printf("local kernels on GPU 1, no NCCL running (bytes read + written):\n");
   for (int cap = 0; cap < 2; ++cap) {
@@ -373,7 +419,7 @@ int main(int argc, char** argv) {
     return Run(0, std::atoll(argv[3]), std::atoi(argv[4]), absl::HexStringToBytes(argv[2]), 0);
   }
   int64_t tokens = 131072;
-  int reps = 3;
+  int reps = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--tokens") == 0) tokens = std::atoll(argv[i + 1]);
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);

@@ -1,5 +1,5 @@
-// NcclKvLink (nccl_kv_link.h). Per side: two staging buffers ([256-byte header | payload]), their
-// device slot lists with pinned host mirrors, and three streams' worth of events:
+// NcclKvLink (nccl_kv_link.h). Per side: options.staging_buffers staging buffers ([256-byte header
+// | payload]), their device slot lists with pinned host mirrors, and two streams' worth of events:
 //
 //   sender   pack stream:  slots H2D, header H2D, [wait kv_ready], KvGather -> packed[b]
 //            comm stream:  [wait packed[b]] ncclSend(staging[b]) -> sent[b]
@@ -9,10 +9,15 @@
 // The comm streams carry nothing but NCCL kernels, so consecutive chunks' kernels follow each
 // other without a copy in between.
 //
-// Buffer b = sequence % 2 is reused by chunk i + 2 only after the host has seen chunk i's last
-// event (sent / scattered), which is what bounds the pipeline to two chunks in flight. The
-// receiver checks chunk i's header and enqueues its scatter during RecvChunk(i + 1), after chunk
-// i + 1's receive is queued, so the comm stream never idles on the host.
+// The staging buffers are plain cudaMalloc memory, not registered with NCCL (ncclMemAlloc +
+// ncclCommRegister, zero-copy P2P): measured, registration gained nothing here (bench/
+// nccl_kv_bench.cc, docs/kv_transfer.md), and it would add a peer round trip at each buffer's
+// first use and the rule that both sides register or neither.
+//
+// Buffer b = sequence % n (n = options.staging_buffers) is reused by chunk i + n only after the
+// host has seen chunk i's last event (sent / scattered), which bounds the pipeline to n chunks in
+// flight. The receiver checks chunk i's header and enqueues its scatter during RecvChunk(i + 1),
+// after chunk i + 1's receive is queued, so the comm stream never idles on the host.
 #include "engine/transfer/nccl_kv_link.h"
 
 #include <nccl.h>
@@ -31,7 +36,8 @@ namespace {
 
 using kernels::cuda::CudaStatus;
 
-constexpr int64_t kHeaderBytes = 256;               // keeps the payload 256-byte aligned
+constexpr int64_t kHeaderBytes = 256;  // keeps the payload 256-byte aligned
+constexpr int kMaxStaging = NcclKvLinkOptions::kMaxStagingBuffers;
 constexpr uint64_t kMagic = 0x314c43434e564b54ull;  // "TKVNCCL1", little-endian
 
 // The chunk header, at the start of every staging buffer (docs/kv_transfer.md).
@@ -66,22 +72,24 @@ struct NcclKvLink::Impl {
   cudaStream_t work_stream = nullptr;  // packing (sender) or scattering (receiver)
   __nv_bfloat16** k_table = nullptr;   // device [num_layers]
   __nv_bfloat16** v_table = nullptr;
-  char* staging[2] = {nullptr, nullptr};
-  int32_t* slots_dev[2] = {nullptr, nullptr};
-  int32_t* slots_host[2] = {nullptr, nullptr};       // pinned
-  ChunkHeader* header_host[2] = {nullptr, nullptr};  // pinned
-  cudaEvent_t ready[2] = {nullptr, nullptr};         // sender: packed; receiver: received
-  cudaEvent_t done[2] = {nullptr, nullptr};          // sender: sent; receiver: scattered
-  cudaEvent_t header[2] = {nullptr, nullptr};        // receiver: header copied to header_host
-  bool in_flight[2] = {false, false};                // `done[b]` recorded and not yet waited for
-  int64_t sequence = 0;                              // the next chunk's index
+  int num_staging = 0;  // options.staging_buffers
+  char* staging[kMaxStaging] = {};
+  int32_t* slots_dev[kMaxStaging] = {};
+  int32_t* slots_host[kMaxStaging] = {};       // pinned
+  ChunkHeader* header_host[kMaxStaging] = {};  // pinned
+  cudaEvent_t ready[kMaxStaging] = {};         // sender: packed; receiver: received
+  cudaEvent_t done[kMaxStaging] = {};          // sender: sent; receiver: scattered
+  cudaEvent_t header[kMaxStaging] = {};        // receiver: header copied to header_host
+  bool in_flight[kMaxStaging] = {};            // `done[b]` recorded and not yet waited for
+  int64_t sequence = 0;                        // the next chunk's index
   // Receiver: the chunk posted last, whose header is checked and scatter enqueued by the next
   // RecvChunk or Flush.
   bool has_pending = false;
   int pending = 0;
-  ChunkHeader expected[2];
-  KvChunkRange ranges[2];
+  ChunkHeader expected[kMaxStaging];
+  KvChunkRange ranges[kMaxStaging];
 
+  int Buffer(int64_t seq) const { return static_cast<int>(seq % num_staging); }
   absl::Status Allocate(int64_t max_tokens);
   void Free();
 };
@@ -104,7 +112,7 @@ absl::Status NcclKvLink::Impl::Allocate(int64_t max_tokens) {
       cudaMemcpy(k_table, cache.k_layers.data(), table_bytes, cudaMemcpyHostToDevice), "k_table"));
   RETURN_IF_ERROR(CudaStatus(
       cudaMemcpy(v_table, cache.v_layers.data(), table_bytes, cudaMemcpyHostToDevice), "v_table"));
-  for (int b = 0; b < 2; ++b) {
+  for (int b = 0; b < num_staging; ++b) {
     RETURN_IF_ERROR(CudaStatus(cudaMalloc(&staging[b], staging_bytes), "cudaMalloc staging"));
     RETURN_IF_ERROR(
         CudaStatus(cudaMalloc(&slots_dev[b], max_tokens * sizeof(int32_t)), "cudaMalloc slots"));
@@ -126,7 +134,7 @@ void NcclKvLink::Impl::Free() {
   // After ncclCommAbort the NCCL kernels have stopped, so the streams drain.
   if (comm_stream != nullptr) cudaStreamSynchronize(comm_stream);
   if (work_stream != nullptr) cudaStreamSynchronize(work_stream);
-  for (int b = 0; b < 2; ++b) {
+  for (int b = 0; b < kMaxStaging; ++b) {
     if (staging[b] != nullptr) cudaFree(staging[b]);
     if (slots_dev[b] != nullptr) cudaFree(slots_dev[b]);
     if (slots_host[b] != nullptr) cudaFreeHost(slots_host[b]);
@@ -190,6 +198,10 @@ absl::StatusOr<std::unique_ptr<NcclKvLink>> NcclKvLink::Connect(absl::string_vie
   if (options.copy_blocks < 0) {
     return absl::InvalidArgumentError(absl::StrCat("options.copy_blocks: ", options.copy_blocks));
   }
+  if (options.staging_buffers < 2 || options.staging_buffers > kMaxStaging) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.staging_buffers: ", options.staging_buffers, ", want 2 to ", kMaxStaging));
+  }
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("options.timeout: must be positive");
   }
@@ -198,6 +210,7 @@ absl::StatusOr<std::unique_ptr<NcclKvLink>> NcclKvLink::Connect(absl::string_vie
   auto impl = std::make_unique<Impl>();
   impl->cache = cache;
   impl->options = options;
+  impl->num_staging = options.staging_buffers;
   const int64_t num_layers = static_cast<int64_t>(cache.k_layers.size());
   impl->staging_bytes =
       kHeaderBytes + PayloadBytes({0, num_layers, 0, options.max_chunk_tokens}, cache.row);
@@ -371,10 +384,17 @@ absl::Status NcclKvLink::SendChunk(const KvChunkRange& range, absl::Span<const i
   RETURN_IF_ERROR(CheckRange(range, slots));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   Impl& m = *impl_;
-  const int b = static_cast<int>(m.sequence % 2);
+  const int b = m.Buffer(m.sequence);
   if (m.in_flight[b]) {
-    RETURN_IF_ERROR(Wait(m.done[b], absl::StrCat("send of chunk ", m.sequence - 2)));
+    RETURN_IF_ERROR(Wait(m.done[b], absl::StrCat("send of chunk ", m.sequence - m.num_staging)));
     m.in_flight[b] = false;
+  }
+  // The contract lets the caller reuse chunk i-2's slots when this call returns: with more than
+  // two buffers chunk i-2 may still be on the wire, but its pack (the only reader of the slots)
+  // finished long before (packed[] of chunk i-2 is not re-recorded until chunk i-2+n).
+  if (m.num_staging > 2 && m.sequence >= 2) {
+    RETURN_IF_ERROR(
+        Wait(m.ready[m.Buffer(m.sequence - 2)], absl::StrCat("pack of chunk ", m.sequence - 2)));
   }
   const int64_t tokens = range.token_end - range.token_begin;
   const int64_t payload = PayloadBytes(range, m.cache.row);
@@ -443,9 +463,9 @@ absl::Status NcclKvLink::RecvChunk(const KvChunkRange& range, absl::Span<const i
   RETURN_IF_ERROR(CheckRange(range, slots));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   Impl& m = *impl_;
-  const int b = static_cast<int>(m.sequence % 2);
+  const int b = m.Buffer(m.sequence);
   if (m.in_flight[b]) {
-    RETURN_IF_ERROR(Wait(m.done[b], absl::StrCat("scatter of chunk ", m.sequence - 2)));
+    RETURN_IF_ERROR(Wait(m.done[b], absl::StrCat("scatter of chunk ", m.sequence - m.num_staging)));
     m.in_flight[b] = false;
   }
   const int64_t tokens = range.token_end - range.token_begin;
@@ -551,10 +571,10 @@ absl::Status NcclKvLink::FlushLocked() {
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   Impl& m = *impl_;
   if (rank_ == kReceiverRank) RETURN_IF_ERROR(FinishPendingReceive());
-  // Oldest first: chunk sequence-2's buffer, then sequence-1's.
-  for (int64_t i = m.sequence - 2; i < m.sequence; ++i) {
+  // Oldest first.
+  for (int64_t i = m.sequence - m.num_staging; i < m.sequence; ++i) {
     if (i < 0) continue;
-    const int b = static_cast<int>(i % 2);
+    const int b = m.Buffer(i);
     if (!m.in_flight[b]) continue;
     RETURN_IF_ERROR(
         Wait(m.done[b], absl::StrCat(rank_ == kSenderRank ? "send" : "scatter", " of chunk ", i)));

@@ -17,11 +17,11 @@
 // kernels/cuda/kv_pack.h staging layout [layers, 2, tokens, row] bf16. The receiver checks the
 // header against its own plan before it scatters anything.
 //
-// Pipelining: two staging buffers per side. The sender packs chunk i+1 (on its pack stream)
-// while chunk i is on the wire (comm stream); the receiver has chunk i+1's receive posted while
-// it scatters chunk i (scatter stream). SendChunk / RecvChunk therefore return before their chunk
-// has arrived: an error of chunk i (peer death, a header that disagrees) is returned by a later
-// call or by Flush.
+// Pipelining: options.staging_buffers (3) staging buffers per side. The sender packs chunk i+1 (on
+// its pack stream) while chunk i is on the wire (comm stream); the receiver has chunk i+1's
+// receive posted while it scatters chunk i (scatter stream). SendChunk / RecvChunk
+// therefore return before their chunk has arrived: an error of chunk i (peer death, a header
+// that disagrees) is returned by a later call or by Flush.
 //
 // Failures: the communicator is non-blocking (ncclConfig_t.blocking = 0). Every wait polls the CUDA
 // event and ncclCommGetAsyncError against a deadline (options.timeout per wait). An NCCL error
@@ -74,13 +74,20 @@ struct KvChunkRange {
 };
 
 struct NcclKvLinkOptions {
+  static constexpr int kMaxStagingBuffers = 4;
   // Staging capacity: a chunk may have at most this many tokens (x all layers; fewer layers leave
-  // room unused). Two buffers of 256 + max_chunk_tokens * num_layers * 2 * row * 2 bytes per side.
+  // room unused). staging_buffers buffers of 256 + max_chunk_tokens * num_layers * 2 * row * 2
+  // bytes per side (3 x 64 MiB for Llama-3-8B and 512 tokens).
   int64_t max_chunk_tokens = 512;
+  // Chunks in flight per side, 2 to kMaxStagingBuffers. A third buffer lets the receiver post
+  // chunk i+2's receive without waiting for chunk i's scatter, and the sender pack ahead of a
+  // slow chunk (bench/nccl_kv_bench.cc measures 2 against 3). Each side picks its own.
+  int staging_buffers = 3;
   // Blocks of the pack / scatter kernels (kernels/cuda/kv_pack.h max_blocks; 0: uncapped). They
   // run next to the NCCL kernel of the previous chunk; a capped grid leaves it the other SMs
-  // (bench/nccl_kv_bench.cc sweeps this).
-  int copy_blocks = 64;
+  // (bench/nccl_kv_bench.cc sweeps this: with 3 buffers 32 to 192 are within the run-to-run noise
+  // of +-1 ms per 16 GiB, 128 had the steadiest medians, uncapped is about 1 ms slower).
+  int copy_blocks = 128;
   // Longest any single wait (Connect, a free staging buffer, a chunk's arrival, Flush) may take.
   absl::Duration timeout = absl::Seconds(30);
 };
@@ -110,10 +117,10 @@ class NcclKvLink {
   NcclKvLink& operator=(const NcclKvLink&) = delete;
 
   // Sender (rank 0) only. Packs `range` from the cache rows `slots` (slots[i] holds position
-  // range.token_begin + i; the slots' K/V must stay until the chunk is sent, i.e. until the call
+  // range.token_begin + i; the slots' K/V must stay until they are packed, i.e. until the call
   // two chunks later or Flush returns) and sends it. When `kv_ready` is not null the packing waits
   // for that event (recorded by the caller after the forward pass that wrote these K/V) on the
-  // device, not on the host. Blocks only while both staging buffers are in flight.
+  // device, not on the host. Blocks only while all staging buffers are in flight.
   // InvalidArgument naming the field: layer_begin/layer_end/token_begin/token_end (empty or out of
   // order, or more than max_chunk_tokens tokens), slots (size != tokens, or a slot outside the
   // cache); FailedPrecondition on the receiver; otherwise the errors of the class comment.

@@ -8,8 +8,8 @@
 // Cases: a full transfer (chunks of 512 tokens, a partial last chunk, one chunk split by layer
 // range) with argument checks; the sender SIGKILLed mid-transfer (the receiver errors within its
 // timeout, then rebuilds a link with a new unique id and receives everything); the receiver
-// aborting (the sender errors within its timeout); two plans that disagree (header check).
-// Needs 2 GPUs; skips otherwise.
+// aborting (the sender errors within its timeout); two plans that disagree (header check); a
+// receiver with 2 staging buffers against a sender with 4. Needs 2 GPUs; skips otherwise.
 #include "engine/transfer/nccl_kv_link.h"
 
 #include <signal.h>
@@ -146,25 +146,28 @@ std::vector<int32_t> SlotsOf(const Side& s, const KvChunkRange& r) {
   return std::vector<int32_t>(s.slots.begin() + r.token_begin, s.slots.begin() + r.token_end);
 }
 
-NcclKvLinkOptions Options(int timeout_s) {
+NcclKvLinkOptions Options(int timeout_s, int staging_buffers = 3) {
   NcclKvLinkOptions o;
   o.max_chunk_tokens = kChunk;
   o.timeout = absl::Seconds(timeout_s);
+  o.staging_buffers = staging_buffers;
   return o;
 }
 
 // ---- the child: the sender (rank 0, GPU 0) ----
-// Modes: full (send the plan, flush), die (send 3 chunks then SIGKILL itself), expect_error (send
-// the plan 51 times; exit 0 only if some call fails with Unavailable / DeadlineExceeded / Aborted
-// within the timeout), swap (chunks 0 and 2 exchanged; the receiver must reject the header; the
-// result here does not matter). Exit codes: 0 as described, 2 bad usage, 3 connect failed, 4 a send
-// failed in full mode, 5 no error in expect_error mode.
+// Modes: full (send the plan, flush), full4 (the same with 4 staging buffers), die (send 3 chunks
+// then SIGKILL itself), expect_error (send the plan 51 times; exit 0 only if some call fails with
+// Unavailable / DeadlineExceeded / Aborted within the timeout), swap (chunks 0 and 2 exchanged; the
+// receiver must reject the header; the result here does not matter). Exit codes: 0 as described, 2
+// bad usage, 3 connect failed, 4 a send failed in full mode, 5 no error in expect_error mode.
 int RunChild(const std::string& mode, const std::string& id_hex) {
   if (id_hex.size() != 256) return 2;
   const std::string id = absl::HexStringToBytes(id_hex);
-  const int timeout_s = mode == "full" ? 30 : 3;
+  const bool full = mode == "full" || mode == "full4";
+  const int timeout_s = full ? 30 : 3;
   Side side = MakeSide(/*sender=*/true);
-  auto link = NcclKvLink::Connect(id, NcclKvLink::kSenderRank, 0, side.cache, Options(timeout_s));
+  auto link = NcclKvLink::Connect(id, NcclKvLink::kSenderRank, 0, side.cache,
+                                  Options(timeout_s, mode == "full4" ? 4 : 3));
   if (!link.ok()) {
     std::fprintf(stderr, "child: connect: %s\n", link.status().ToString().c_str());
     return 3;
@@ -188,7 +191,7 @@ int RunChild(const std::string& mode, const std::string& id_hex) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "child %s: %s after %.2f s\n", mode.c_str(), status.ToString().c_str(),
                seconds);
-  if (mode == "full") return status.ok() ? 0 : 4;
+  if (full) return status.ok() ? 0 : 4;
   if (mode == "expect_error") {
     const bool expected =
         absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) || absl::IsAborted(status);
@@ -256,9 +259,11 @@ class NcclKvLinkTest : public testing::Test {
     return link->Flush();
   }
 
-  void FullTransfer(Side& side) {
-    const std::string id = StartSender("full");
-    auto link = NcclKvLink::Connect(id, NcclKvLink::kReceiverRank, 1, side.cache, Options(30));
+  // The sender in `mode` (full or full4); the receiver with `staging_buffers`.
+  void FullTransfer(Side& side, const std::string& mode = "full", int staging_buffers = 3) {
+    const std::string id = StartSender(mode);
+    auto link = NcclKvLink::Connect(id, NcclKvLink::kReceiverRank, 1, side.cache,
+                                    Options(30, staging_buffers));
     ASSERT_TRUE(link.ok()) << link.status();
     ASSERT_TRUE(ReceiveAll(link->get(), side).ok());
     EXPECT_EQ((*link)->chunks(), static_cast<int64_t>(Plan().size()));
@@ -315,6 +320,18 @@ TEST_F(NcclKvLinkTest, ConnectRejectsBadArguments) {
             absl::string_view::npos);
   NcclKvCache empty;
   EXPECT_TRUE(absl::IsInvalidArgument(NcclKvLink::Connect(id, 1, 1, empty).status()));
+  for (const int buffers : {1, NcclKvLinkOptions::kMaxStagingBuffers + 1}) {
+    const absl::Status s = NcclKvLink::Connect(id, 1, 1, side.cache, Options(3, buffers)).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find("staging_buffers"), absl::string_view::npos) << s;
+  }
+}
+
+// Each side picks its pipeline depth: a receiver with 2 staging buffers takes every byte from a
+// sender with 4 (its SendChunk runs up to 4 chunks ahead of the receiver's scatters).
+TEST_F(NcclKvLinkTest, SidesWithDifferentStagingDepths) {
+  Side side = MakeSide(/*sender=*/false);
+  FullTransfer(side, "full4", /*staging_buffers=*/2);
 }
 
 TEST_F(NcclKvLinkTest, SenderKilledThenRebuilt) {
