@@ -12,8 +12,10 @@
 //                    the selected keys and values only)
 // The copy bandwidth is a device-to-device cudaMemcpy of 2 GiB measured in the same run, counted
 // as bytes read + written per second (a read-only stream runs at about this rate).
+// Then batched decode (CudaModel::DecodeBatch: one GEMM pass for B requests): B sequences of
+// --batch_context tokens each, dense, decode tokens/s for B = 1, 8, 32.
 //   bench_generate_cuda [--tokens 131072] [--decode 64]
-//                       [--policies dense,tokenselect,tokenselect-hit]
+//                       [--policies dense,tokenselect,tokenselect-hit] [--batch_context 2048]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -86,13 +88,14 @@ double CopyBandwidthGBs() {
 }
 
 int Main(int argc, char** argv) {
-  int64_t tokens = 131072, decode = 64;
+  int64_t tokens = 131072, decode = 64, batch_context = 2048;
   std::string policies = "dense,tokenselect,tokenselect-hit";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--tokens") tokens = std::atoll(argv[i + 1]);
     if (flag == "--decode") decode = std::atoll(argv[i + 1]);
     if (flag == "--policies") policies = argv[i + 1];
+    if (flag == "--batch_context") batch_context = std::atoll(argv[i + 1]);
   }
   const ModelConfig config = Llama3_8B();
   cudaDeviceProp prop{};
@@ -101,8 +104,9 @@ int Main(int argc, char** argv) {
   std::printf("device: %s, copy bandwidth %.0f GB/s (read + write)\n", prop.name, copy_gbs);
 
   CudaModelOptions options;
-  options.max_tokens = tokens + decode + 8;
+  options.max_tokens = std::max(tokens + decode + 8, 32 * (batch_context + decode + 8));
   options.max_chunk = 512;
+  options.max_batch = 32;
   const auto load_start = std::chrono::steady_clock::now();
   DummyWeightOptions dummy;
   dummy.init = DummyInit::kHuggingFace;
@@ -116,8 +120,11 @@ int Main(int argc, char** argv) {
               (*model)->weight_bytes() / 1e9, (*model)->kv_bytes() / double(1 << 30),
               static_cast<long long>(options.max_tokens), Seconds(load_start));
 
-  std::vector<int32_t> prompt(static_cast<size_t>(tokens));
-  for (int64_t i = 0; i < tokens; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7919) % 128000);
+  std::vector<float> logits_scratch;
+  std::vector<int32_t> prompt(static_cast<size_t>(std::max(tokens, batch_context)));
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    prompt[i] = static_cast<int32_t>(3 + (i * 7919) % 128000);
+  }
 
   struct Row {
     std::string policy;
@@ -140,15 +147,20 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "provider: %s\n", provider.status().ToString().c_str());
       return 1;
     }
-    (*model)->Reset();
+    auto seq = (*model)->NewSequence(tokens + decode + 8);
+    if (!seq.ok()) {
+      std::fprintf(stderr, "sequence: %s\n", seq.status().ToString().c_str());
+      return 1;
+    }
     std::vector<float> logits;
     cudaDeviceSynchronize();
     const auto prefill_start = std::chrono::steady_clock::now();
     for (int64_t begin = 0; begin < tokens; begin += sel.chunk_size) {
       const int64_t len = std::min<int64_t>(sel.chunk_size, tokens - begin);
       const bool last = begin + len == tokens;
-      const absl::Status st = (*model)->Forward(absl::MakeConstSpan(prompt).subspan(begin, len),
-                                                provider->get(), last ? &logits : nullptr);
+      const absl::Status st =
+          (*model)->Forward(seq->get(), absl::MakeConstSpan(prompt).subspan(begin, len),
+                            provider->get(), last ? &logits : nullptr);
       if (!st.ok()) {
         std::fprintf(stderr, "prefill: %s\n", st.ToString().c_str());
         return 1;
@@ -164,7 +176,7 @@ int Main(int argc, char** argv) {
     for (int64_t step = 0; step < decode; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       const absl::Status st =
-          (*model)->Forward(absl::MakeConstSpan(&next, 1), provider->get(), &logits);
+          (*model)->Forward(seq->get(), absl::MakeConstSpan(&next, 1), provider->get(), &logits);
       auto tok = (*model)->GreedyToken();
       if (!st.ok() || !tok.ok()) {
         std::fprintf(stderr, "decode: %s\n", st.ToString().c_str());
@@ -207,6 +219,53 @@ int Main(int argc, char** argv) {
     if (rows[0].policy != "dense") break;
     std::printf("%s vs dense: TTFT %.2fx faster, decode %.2fx faster\n", rows[i].policy.c_str(),
                 rows[0].ttft_s / rows[i].ttft_s, rows[0].decode_ms / rows[i].decode_ms);
+  }
+
+  // Batched decode: B sequences of batch_context tokens, one DecodeBatch per step (dense).
+  std::printf("\n| batch | context per sequence | ms per decode step | decode tokens/s | "
+              "vs batch 1 |\n|---|---|---|---|---|\n");
+  double single_tps = 0;
+  for (int64_t batch : {1, 8, 32}) {
+    std::vector<std::unique_ptr<CudaSequence>> seqs;
+    std::vector<CudaSequence*> ptrs;
+    std::vector<int32_t> next(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+      auto seq = (*model)->NewSequence(batch_context + decode + 8);
+      if (!seq.ok()) {
+        std::fprintf(stderr, "batch sequence: %s\n", seq.status().ToString().c_str());
+        return 1;
+      }
+      for (int64_t begin = 0; begin < batch_context; begin += 512) {
+        const int64_t len = std::min<int64_t>(512, batch_context - begin);
+        std::vector<float>* want = begin + len == batch_context ? &logits_scratch : nullptr;
+        if (!(*model)->Forward(seq->get(), absl::MakeConstSpan(prompt).subspan(begin, len),
+                               nullptr, want).ok()) {
+          return 1;
+        }
+      }
+      next[b] = *(*model)->GreedyToken();
+      ptrs.push_back(seq->get());
+      seqs.push_back(std::move(*seq));
+    }
+    const std::vector<CudaAttentionProvider*> dense(static_cast<size_t>(batch), nullptr);
+    double seconds = 0;
+    int64_t timed = 0;
+    for (int64_t step = 0; step < decode; ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (!(*model)->DecodeBatch(ptrs, next, dense, &logits_scratch).ok()) return 1;
+      auto ids = (*model)->GreedyTokens();
+      if (!ids.ok()) return 1;
+      next = *ids;
+      if (step >= 4) {
+        seconds += Seconds(t0);
+        ++timed;
+      }
+    }
+    const double ms = 1e3 * seconds / std::max<int64_t>(1, timed);
+    const double tps = batch / (ms * 1e-3);
+    if (batch == 1) single_tps = tps;
+    std::printf("| %lld | %lld | %.2f | %.0f | %.2fx |\n", static_cast<long long>(batch),
+                static_cast<long long>(batch_context), ms, tps, tps / single_tps);
   }
   return 0;
 }

@@ -164,20 +164,26 @@ struct CudaModel::Device {
   std::unique_ptr<kc::GemmRunner> gemm;
   std::vector<LayerBuffers> layers;
   DeviceMemory embed, lm_head, norm, inv_freq;
-  // Activations for up to max_chunk rows.
+  // Activations for up to max_chunk rows; logits and greedy ids for up to max_batch rows.
   DeviceMemory x, h, qkv, attn, gate_up, act, logits, tokens, new_slots, greedy;
-  // token_slots[pos]: cache slot of position pos; iota[i] = i; q_indptr = {0, m}.
-  DeviceMemory token_slots, iota, q_indptr, attention_workspace;
-  std::vector<int32_t> host_slots;  // token_slots, on the host
-  CudaDenseAttention dense;
+  // iota[i] = i (dense lists' positions); q_indptr = {0, m} (prefill steps).
+  DeviceMemory iota, q_indptr, attention_workspace;
+  int64_t num_pages = 0;
+  std::vector<int32_t> free_pages;  // handed out from the front, in a scrambled order
+  // Full attention for the rows of a step that have no provider (one per row: each keeps its
+  // own indptr / positions buffers).
+  std::vector<std::unique_ptr<CudaDenseAttention>> dense_rows;
   int num_sms = 0;
   bool tuned_attention = false;
-  // Decode-step graphs of segments 0..num_layers (see EnqueueSegment), captured on first use.
-  std::vector<cudaGraphExec_t> graphs;
+  // Decode-step graphs of segments 0..num_layers (see EnqueueSegment) per batch size m,
+  // captured on first use.
+  std::map<int64_t, std::vector<cudaGraphExec_t>> graphs;
 
   ~Device() {
-    for (cudaGraphExec_t g : graphs) {
-      if (g != nullptr) cudaGraphExecDestroy(g);
+    for (auto& [m, execs] : graphs) {
+      for (cudaGraphExec_t g : execs) {
+        if (g != nullptr) cudaGraphExecDestroy(g);
+      }
     }
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -185,7 +191,53 @@ struct CudaModel::Device {
 
 CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
     : config_(config), options_(options), dev_(std::make_unique<Device>()) {}
-CudaModel::~CudaModel() = default;
+CudaModel::~CudaModel() { default_seq_.reset(); }
+
+CudaSequence::~CudaSequence() {
+  if (model_ != nullptr) model_->Release(this);
+}
+
+void CudaModel::Release(CudaSequence* seq) {
+  if (seq->slots_ != nullptr) cudaFree(seq->slots_);  // waits for the device
+  seq->slots_ = nullptr;
+  dev_->free_pages.insert(dev_->free_pages.begin(), seq->pages_.begin(), seq->pages_.end());
+  seq->pages_.clear();
+  seq->model_ = nullptr;
+}
+
+int64_t CudaModel::num_pages() const { return dev_->num_pages; }
+int64_t CudaModel::free_pages() const { return static_cast<int64_t>(dev_->free_pages.size()); }
+
+absl::StatusOr<std::unique_ptr<CudaSequence>> CudaModel::NewSequence(int64_t max_tokens) {
+  if (max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaModel::NewSequence: max_tokens must be >= 1, got ", max_tokens));
+  }
+  const int64_t page = options_.page_size;
+  const int64_t needed = (max_tokens + page - 1) / page;
+  Device& d = *dev_;
+  if (needed > static_cast<int64_t>(d.free_pages.size())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "CudaModel: a sequence of ", max_tokens, " tokens needs ", needed, " KV pages; ",
+        d.free_pages.size(), " of ", d.num_pages, " are free"));
+  }
+  std::unique_ptr<CudaSequence> seq(new CudaSequence());
+  seq->pages_.assign(d.free_pages.begin(), d.free_pages.begin() + needed);
+  d.free_pages.erase(d.free_pages.begin(), d.free_pages.begin() + needed);
+  seq->model_ = this;  // from here on the destructor returns the pages
+  seq->host_slots_.resize(static_cast<size_t>(max_tokens));
+  for (int64_t pos = 0; pos < max_tokens; ++pos) {
+    seq->host_slots_[pos] =
+        seq->pages_[pos / page] * static_cast<int32_t>(page) + static_cast<int32_t>(pos % page);
+  }
+  void* slots = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&slots, max_tokens * 4), "cudaMalloc"));
+  seq->slots_ = static_cast<int32_t*>(slots);
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(slots, seq->host_slots_.data(), max_tokens * 4,
+                                        cudaMemcpyHostToDevice),
+                             "upload"));
+  return seq;
+}
 
 cudaStream_t CudaModel::stream() const { return dev_->stream; }
 
@@ -217,9 +269,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
                                                             const TensorSource& source,
                                                             const CudaModelOptions& options) {
   if (options.max_tokens <= 0 || options.page_size <= 0 || options.max_chunk <= 0 ||
+      options.max_batch <= 0 || options.max_batch > options.max_chunk ||
       options.max_tokens > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(
-        "CudaModel: max_tokens, page_size and max_chunk must be positive (max_tokens <= 2^30)");
+        "CudaModel: max_tokens, page_size, max_chunk and max_batch must be positive, max_batch <= "
+        "max_chunk and max_tokens <= 2^30");
   }
   std::unique_ptr<CudaModel> model(new CudaModel(config, options));
   Device& d = *model->dev_;
@@ -238,17 +292,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
   // Pages in a scrambled order (odd pages first, then even ones, each descending): slots of
   // consecutive tokens are not consecutive, as in a pool shared by many requests.
   const int64_t num_pages = (options.max_tokens + options.page_size - 1) / options.page_size;
-  std::vector<int32_t> page_order;
+  d.num_pages = num_pages;
   for (int64_t parity : {1, 0}) {
     for (int64_t p = num_pages - 1; p >= 0; --p) {
-      if (p % 2 == parity) page_order.push_back(static_cast<int32_t>(p));
+      if (p % 2 == parity) d.free_pages.push_back(static_cast<int32_t>(p));
     }
-  }
-  d.host_slots.resize(static_cast<size_t>(options.max_tokens));
-  for (int64_t pos = 0; pos < options.max_tokens; ++pos) {
-    d.host_slots[pos] = page_order[pos / options.page_size] *
-                            static_cast<int32_t>(options.page_size) +
-                        static_cast<int32_t>(pos % options.page_size);
   }
   const int64_t num_slots = num_pages * options.page_size;
   const size_t kv_bytes = static_cast<size_t>(num_slots * c.kv_dim()) * 2;
@@ -298,20 +346,14 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
   RETURN_IF_ERROR(d.attn.Allocate(rows * c.q_dim() * 2));
   RETURN_IF_ERROR(d.gate_up.Allocate(rows * 2 * c.intermediate_size * 2));
   RETURN_IF_ERROR(d.act.Allocate(rows * c.intermediate_size * 2));
-  RETURN_IF_ERROR(d.logits.Allocate(c.vocab_size * 4));
+  RETURN_IF_ERROR(d.logits.Allocate(options.max_batch * c.vocab_size * 4));
   RETURN_IF_ERROR(d.tokens.Allocate(rows * 4));
   RETURN_IF_ERROR(d.new_slots.Allocate(rows * 4));
-  RETURN_IF_ERROR(d.greedy.Allocate(4));
+  RETURN_IF_ERROR(d.greedy.Allocate(options.max_batch * 4));
   RETURN_IF_ERROR(d.q_indptr.Allocate(2 * 4));
-  RETURN_IF_ERROR(d.token_slots.Allocate(options.max_tokens * 4));
-  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(d.token_slots.as<void>(), d.host_slots.data(),
-                                        options.max_tokens * 4, cudaMemcpyHostToDevice),
-                             "upload"));
   const int64_t iota_len = options.max_tokens + options.max_chunk + 1;
   RETURN_IF_ERROR(d.iota.Allocate(iota_len * 4));
   RETURN_IF_ERROR(CudaStatus(kc::FillIota(d.iota.as<int32_t>(), iota_len, d.stream), "FillIota"));
-  RETURN_IF_ERROR(CudaDenseAttention::Create(options.max_chunk, &d.dense));
-  d.graphs.assign(static_cast<size_t>(c.num_layers + 1), nullptr);
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "CudaModel setup"));
   return model;
 }
@@ -320,7 +362,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
 // s - 1 after its attention (o_proj, MLP), then layer s up to its KV append, or for the last
 // segment the final norm and lm_head (of the last row, when `logits`). Every pointer a segment
 // reads is fixed for a given m, so decode segments (m = 1) are captured as CUDA graphs.
-absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, bool logits) {
+absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logits_rows) {
   const ModelConfig& c = config_;
   Device& d = *dev_;
   cudaStream_t s = d.stream;
@@ -375,12 +417,12 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, bool logits) 
         linear(d.x.as<void>(), d.act.bf16(), b.down, b.down_bias, m, inter, hidden, true, true));
   }
   if (segment == c.num_layers) {
-    if (!logits) return absl::OkStatus();
-    RETURN_IF_ERROR(rms_norm(d.norm, d.x.as<float>() + (m - 1) * hidden, 1));
+    if (logits_rows == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(rms_norm(d.norm, d.x.as<float>() + (m - logits_rows) * hidden, logits_rows));
     const DeviceMemory& lm_head = d.lm_head.bytes() > 0 ? d.lm_head : d.embed;
     DeviceMemory no_bias;
-    return linear(d.logits.as<void>(), d.h.bf16(), lm_head, no_bias, 1, hidden, c.vocab_size,
-                  true, false);
+    return linear(d.logits.as<void>(), d.h.bf16(), lm_head, no_bias, logits_rows, hidden,
+                  c.vocab_size, true, false);
   }
   LayerBuffers& b = d.layers[segment];
   RETURN_IF_ERROR(rms_norm(b.input_norm, d.x.as<float>(), m));
@@ -399,14 +441,19 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, bool logits) 
   return CudaStatus(kc::KvAppend(kv, s), "KvAppend");
 }
 
-absl::Status CudaModel::RunSegment(int64_t segment, int64_t m, bool logits) {
+absl::Status CudaModel::RunSegment(int64_t segment, int64_t m, int64_t logits_rows) {
   Device& d = *dev_;
-  if (!(options_.use_graphs && m == 1 && logits)) return EnqueueSegment(segment, m, logits);
-  cudaGraphExec_t& exec = d.graphs[segment];
+  // Decode steps (every row is a sequence's one new token and gets logits) replay graphs.
+  if (!(options_.use_graphs && logits_rows == m && m <= options_.max_batch)) {
+    return EnqueueSegment(segment, m, logits_rows);
+  }
+  std::vector<cudaGraphExec_t>& execs = d.graphs[m];
+  if (execs.empty()) execs.assign(static_cast<size_t>(config_.num_layers + 1), nullptr);
+  cudaGraphExec_t& exec = execs[segment];
   if (exec == nullptr) {
     RETURN_IF_ERROR(CudaStatus(
         cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeThreadLocal), "graph capture"));
-    const absl::Status enqueued = EnqueueSegment(segment, m, logits);
+    const absl::Status enqueued = EnqueueSegment(segment, m, logits_rows);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(d.stream, &graph);
     RETURN_IF_ERROR(enqueued);
@@ -419,34 +466,46 @@ absl::Status CudaModel::RunSegment(int64_t segment, int64_t m, bool logits) {
   return CudaStatus(cudaGraphLaunch(exec, d.stream), "graph launch");
 }
 
-absl::Status CudaModel::Attention(int64_t layer, int64_t m, CudaAttentionProvider* attention) {
+absl::Status CudaModel::Attention(int64_t layer, const StepRow& row) {
   const ModelConfig& c = config_;
   Device& d = *dev_;
   LayerBuffers& b = d.layers[layer];
+  const int64_t m = row.count;
+  const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  const __nv_bfloat16* q = d.qkv.bf16() + row.row * qkv_dim;
+  __nv_bfloat16* out = d.attn.bf16() + row.row * c.q_dim();
+  CudaAttentionProvider* attention = row.attention;
+  if (attention == nullptr) {
+    while (static_cast<int64_t>(d.dense_rows.size()) <= row.row) {
+      d.dense_rows.push_back(std::make_unique<CudaDenseAttention>());
+      RETURN_IF_ERROR(CudaDenseAttention::Create(options_.max_chunk, d.dense_rows.back().get()));
+    }
+    attention = d.dense_rows[row.row].get();
+  }
   CudaAttentionQuery query;
   query.layer = layer;
-  query.cache_length = length_;
+  query.cache_length = row.seq->length_;
   query.num_new = m;
-  query.q = d.qkv.bf16();
-  query.q_row_stride = c.q_dim() + 2 * c.kv_dim();
+  query.q = q;
+  query.q_row_stride = qkv_dim;
   query.k_cache = b.k_cache.bf16();
   query.v_cache = b.v_cache.bf16();
-  query.token_slots = d.token_slots.as<int32_t>();
+  query.token_slots = row.seq->slots_;
   query.iota = d.iota.as<int32_t>();
   query.inv_freq = d.inv_freq.as<float>();
   query.config = &config_;
   query.stream = d.stream;
   CudaAttentionList list;
   RETURN_IF_ERROR(attention->Select(query, &list));
-  if (list.max_kv_len < 0 || list.max_kv_len > length_ + m + options_.max_tokens) {
+  if (list.max_kv_len < 0 || list.max_kv_len > row.seq->length_ + m) {
     return absl::InternalError(absl::StrCat("attention provider: max_kv_len ", list.max_kv_len,
                                             " is out of range"));
   }
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   if (m == 1) {
     kc::DecodeAttentionParams ap;
-    ap.out = d.attn.bf16();
-    ap.q = d.qkv.bf16();
+    ap.out = out;
+    ap.q = q;
     ap.q_positions = list.q_positions;
     ap.k_cache = b.k_cache.bf16();
     ap.v_cache = b.v_cache.bf16();
@@ -477,9 +536,9 @@ absl::Status CudaModel::Attention(int64_t layer, int64_t m, CudaAttentionProvide
         "decode attention");
   }
   kc::PrefillAttentionParams pp;
-  pp.out = d.attn.bf16();
-  pp.q = d.qkv.bf16();
-  pp.q_row_stride = c.q_dim() + 2 * c.kv_dim();
+  pp.out = out;
+  pp.q = q;
+  pp.q_row_stride = qkv_dim;
   pp.q_positions = list.q_positions;
   pp.q_indptr = d.q_indptr.as<int32_t>();
   pp.visible = list.visible;
@@ -513,52 +572,66 @@ absl::Status CudaModel::Attention(int64_t layer, int64_t m, CudaAttentionProvide
                     "prefill attention");
 }
 
-absl::Status CudaModel::Step(absl::Span<const int32_t> tokens, CudaAttentionProvider* attention,
-                             bool logits) {
+absl::Status CudaModel::CheckTokens(absl::Span<const int32_t> tokens) const {
+  if (tokens.empty()) return absl::InvalidArgumentError("CudaModel: no tokens");
+  for (int32_t id : tokens) {
+    if (id < 0 || id >= config_.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CudaModel: token id ", id, " outside the vocabulary"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Step(absl::Span<const StepRow> rows, absl::Span<const int32_t> tokens,
+                             int64_t logits_rows) {
   Device& d = *dev_;
   cudaStream_t s = d.stream;
   const int64_t m = static_cast<int64_t>(tokens.size());
   // The step's small inputs. Pageable copies are staged before cudaMemcpyAsync returns, so the
   // host memory may change afterwards.
+  std::vector<int32_t> new_slots;
+  new_slots.reserve(static_cast<size_t>(m));
+  for (const StepRow& r : rows) {
+    const int32_t* from = r.seq->host_slots_.data() + r.seq->length_;
+    new_slots.insert(new_slots.end(), from, from + r.count);
+  }
   const int32_t q_indptr[2] = {0, static_cast<int32_t>(m)};
   RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(d.tokens.as<int32_t>(), tokens.data(), m * 4,
                                              cudaMemcpyHostToDevice, s),
                              "copy"));
-  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(d.new_slots.as<int32_t>(),
-                                             d.host_slots.data() + length_, m * 4,
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(d.new_slots.as<int32_t>(), new_slots.data(), m * 4,
                                              cudaMemcpyHostToDevice, s),
                              "copy"));
   RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(d.q_indptr.as<int32_t>(), q_indptr, 8, cudaMemcpyHostToDevice, s), "copy"));
-  CudaAttentionProvider* provider = attention != nullptr ? attention : &d.dense;
   for (int64_t l = 0; l < config_.num_layers; ++l) {
-    RETURN_IF_ERROR(RunSegment(l, m, logits));
-    RETURN_IF_ERROR(Attention(l, m, provider));
+    RETURN_IF_ERROR(RunSegment(l, m, logits_rows));
+    for (const StepRow& r : rows) RETURN_IF_ERROR(Attention(l, r));
   }
-  RETURN_IF_ERROR(RunSegment(config_.num_layers, m, logits));
-  length_ += m;
+  RETURN_IF_ERROR(RunSegment(config_.num_layers, m, logits_rows));
+  for (const StepRow& r : rows) r.seq->length_ += r.count;
+  last_logits_rows_ = logits_rows;
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::Forward(absl::Span<const int32_t> tokens,
+absl::Status CudaModel::Forward(CudaSequence* seq, absl::Span<const int32_t> tokens,
                                 CudaAttentionProvider* attention, std::vector<float>* logits) {
-  if (tokens.empty()) return absl::InvalidArgumentError("CudaModel::Forward: no tokens");
-  for (int32_t id : tokens) {
-    if (id < 0 || id >= config_.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CudaModel::Forward: token id ", id, " outside the vocabulary"));
-    }
+  if (seq == nullptr || seq->model_ != this) {
+    return absl::InvalidArgumentError("CudaModel::Forward: the sequence belongs to no or another model");
   }
-  if (length_ + static_cast<int64_t>(tokens.size()) > options_.max_tokens) {
+  RETURN_IF_ERROR(CheckTokens(tokens));
+  if (seq->length_ + static_cast<int64_t>(tokens.size()) > seq->capacity()) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("CudaModel::Forward: ", length_ + tokens.size(), " tokens exceed max_tokens ",
-                     options_.max_tokens));
+        absl::StrCat("CudaModel::Forward: ", seq->length_ + tokens.size(),
+                     " tokens exceed the sequence's capacity of ", seq->capacity()));
   }
   const int64_t n = static_cast<int64_t>(tokens.size());
   for (int64_t begin = 0; begin < n; begin += options_.max_chunk) {
     const int64_t len = std::min(options_.max_chunk, n - begin);
-    const absl::Status step =
-        Step(tokens.subspan(begin, len), attention, logits != nullptr && begin + len == n);
+    const StepRow row{seq, 0, len, attention};
+    const absl::Status step = Step(absl::MakeConstSpan(&row, 1), tokens.subspan(begin, len),
+                                   logits != nullptr && begin + len == n ? 1 : 0);
     if (!step.ok()) {
       cudaStreamSynchronize(dev_->stream);  // nothing of the failed step may still be running
       return step;
@@ -573,17 +646,91 @@ absl::Status CudaModel::Forward(absl::Span<const int32_t> tokens,
   return CudaStatus(cudaStreamSynchronize(dev_->stream), "Forward");
 }
 
-absl::StatusOr<int32_t> CudaModel::GreedyToken() {
-  if (length_ == 0) return absl::FailedPreconditionError("GreedyToken: no Forward yet");
+absl::Status CudaModel::DecodeBatch(absl::Span<CudaSequence* const> seqs,
+                                    absl::Span<const int32_t> tokens,
+                                    absl::Span<CudaAttentionProvider* const> attention,
+                                    std::vector<float>* logits) {
+  const int64_t batch = static_cast<int64_t>(seqs.size());
+  if (batch == 0 || batch > options_.max_batch ||
+      static_cast<int64_t>(tokens.size()) != batch ||
+      static_cast<int64_t>(attention.size()) != batch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaModel::DecodeBatch: ", batch, " sequences, ", tokens.size(), " tokens and ",
+        attention.size(), " providers (need equal sizes in [1, max_batch = ", options_.max_batch,
+        "])"));
+  }
+  RETURN_IF_ERROR(CheckTokens(tokens));
+  std::vector<StepRow> rows;
+  for (int64_t b = 0; b < batch; ++b) {
+    CudaSequence* seq = seqs[b];
+    if (seq == nullptr || seq->model_ != this) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CudaModel::DecodeBatch: sequence ", b, " belongs to no or another model"));
+    }
+    for (int64_t e = 0; e < b; ++e) {
+      if (seqs[e] == seq) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CudaModel::DecodeBatch: sequence ", b, " is also row ", e));
+      }
+    }
+    if (seq->length_ + 1 > seq->capacity()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "CudaModel::DecodeBatch: sequence ", b, " is full (", seq->capacity(), " tokens)"));
+    }
+    rows.push_back(StepRow{seq, b, 1, attention[b]});
+  }
+  const absl::Status step = Step(rows, tokens, logits != nullptr ? batch : 0);
+  if (!step.ok()) {
+    cudaStreamSynchronize(dev_->stream);
+    return step;
+  }
+  if (logits == nullptr) return CudaStatus(cudaGetLastError(), "DecodeBatch");
+  logits->resize(static_cast<size_t>(batch * config_.vocab_size));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(logits->data(), dev_->logits.as<void>(), logits->size() * 4,
+                                 cudaMemcpyDeviceToHost, dev_->stream),
+                 "logits copy"));
+  return CudaStatus(cudaStreamSynchronize(dev_->stream), "DecodeBatch");
+}
+
+absl::StatusOr<CudaSequence*> CudaModel::DefaultSequence() {
+  if (default_seq_ == nullptr) {
+    ASSIGN_OR_RETURN(default_seq_, NewSequence(options_.max_tokens));
+  }
+  return default_seq_.get();
+}
+
+absl::Status CudaModel::Forward(absl::Span<const int32_t> tokens,
+                                CudaAttentionProvider* attention, std::vector<float>* logits) {
+  ASSIGN_OR_RETURN(CudaSequence * seq, DefaultSequence());
+  return Forward(seq, tokens, attention, logits);
+}
+
+void CudaModel::Reset() {
+  if (default_seq_ != nullptr) default_seq_->Reset();
+}
+
+int64_t CudaModel::length() const { return default_seq_ != nullptr ? default_seq_->length() : 0; }
+
+absl::StatusOr<std::vector<int32_t>> CudaModel::GreedyTokens() {
+  if (last_logits_rows_ == 0) {
+    return absl::FailedPreconditionError("GreedyToken: the last step produced no logits");
+  }
   Device& d = *dev_;
-  RETURN_IF_ERROR(CudaStatus(
-      kc::Argmax(d.greedy.as<int32_t>(), d.logits.as<float>(), 1, config_.vocab_size, d.stream),
-      "Argmax"));
-  int32_t id = -1;
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(&id, d.greedy.as<void>(), 4, cudaMemcpyDeviceToHost, d.stream), "copy"));
+  RETURN_IF_ERROR(CudaStatus(kc::Argmax(d.greedy.as<int32_t>(), d.logits.as<float>(),
+                                        last_logits_rows_, config_.vocab_size, d.stream),
+                             "Argmax"));
+  std::vector<int32_t> ids(static_cast<size_t>(last_logits_rows_));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(ids.data(), d.greedy.as<void>(), ids.size() * 4,
+                                             cudaMemcpyDeviceToHost, d.stream),
+                             "copy"));
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "GreedyToken"));
-  return id;
+  return ids;
+}
+
+absl::StatusOr<int32_t> CudaModel::GreedyToken() {
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, GreedyTokens());
+  return ids[0];
 }
 
 // CudaDenseAttention ---------------------------------------------------------------------------

@@ -18,9 +18,13 @@
 // one. Attention goes through the tuned kernels for head_dim 64/128 and group 1/2/4/8, and
 // through the simple kernels otherwise (the tiny test presets).
 //
-// The KV cache holds one sequence of up to max_tokens tokens in pages of page_size slots,
-// handed out in a scrambled order (slots are not positions, as in a pool shared by requests).
-// Not thread-safe: one sequence at a time; everything runs on one stream owned by the model.
+// The KV cache is a pool of max_tokens slots in pages of page_size, shared by sequences
+// (CudaSequence: one request's pages and token -> slot map); pages are handed out in a scrambled
+// order, so slots are not positions. DecodeBatch advances several sequences by one token in one
+// step: the GEMMs run once over all rows (the weights are read once per step, not once per
+// request), attention runs per sequence over its own list. The Forward overloads without a
+// sequence use a default sequence that takes the whole pool (one request at a time).
+// Not thread-safe; everything runs on one stream owned by the model.
 #ifndef TOKENSELECT_ENGINE_MODEL_CUDA_MODEL_H_
 #define TOKENSELECT_ENGINE_MODEL_CUDA_MODEL_H_
 
@@ -41,10 +45,35 @@
 namespace tokenselect::engine {
 
 struct CudaModelOptions {
-  int64_t max_tokens = 4096;  // KV capacity of the one sequence
+  int64_t max_tokens = 4096;  // KV capacity of the pool, in tokens (rounded up to pages)
   int64_t page_size = 16;
-  int64_t max_chunk = 512;    // most tokens per step (prefill chunk)
+  int64_t max_chunk = 512;    // most tokens per step (prefill chunk, or rows of a decode batch)
+  int64_t max_batch = 64;     // most sequences per DecodeBatch (rows of logits kept)
   bool use_graphs = true;     // CUDA graphs for decode steps
+};
+
+class CudaModel;
+
+// One request's KV in a CudaModel's pool: its pages and the slot of every position. Returns its
+// pages to the pool when destroyed; must not outlive its model.
+class CudaSequence {
+ public:
+  ~CudaSequence();
+  CudaSequence(const CudaSequence&) = delete;
+  CudaSequence& operator=(const CudaSequence&) = delete;
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return static_cast<int64_t>(host_slots_.size()); }
+  // Forgets the tokens (the pages stay reserved).
+  void Reset() { length_ = 0; }
+
+ private:
+  friend class CudaModel;
+  CudaSequence() = default;
+  CudaModel* model_ = nullptr;
+  std::vector<int32_t> pages_;
+  std::vector<int32_t> host_slots_;  // [capacity]: slot of position i
+  int32_t* slots_ = nullptr;         // the same on the device
+  int64_t length_ = 0;
 };
 
 class CudaModel {
@@ -64,23 +93,44 @@ class CudaModel {
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
 
-  // Appends `tokens` to the sequence, attending through `attention` (nullptr: dense), and, when
-  // `logits` is not null, writes the last token's logits ([vocab], fp32; waits for the GPU).
-  // InvalidArgument for no tokens or an id outside the vocabulary; ResourceExhausted when the
-  // sequence would pass max_tokens (nothing is appended then); the provider's errors as they are.
+  // Reserves pages for a sequence of up to max_tokens tokens. ResourceExhausted (saying how many
+  // pages are free) when the pool cannot hold it; InvalidArgument for max_tokens < 1.
+  absl::StatusOr<std::unique_ptr<CudaSequence>> NewSequence(int64_t max_tokens);
+
+  // Appends `tokens` to `seq`, attending through `attention` (nullptr: dense), and, when `logits`
+  // is not null, writes the last token's logits ([vocab], fp32; waits for the GPU).
+  // InvalidArgument for no tokens, an id outside the vocabulary or a sequence of another model;
+  // ResourceExhausted when the sequence would pass its capacity (nothing is appended then); the
+  // provider's errors as they are.
+  absl::Status Forward(CudaSequence* seq, absl::Span<const int32_t> tokens,
+                       CudaAttentionProvider* attention, std::vector<float>* logits);
+
+  // One decode step of several sequences: row b appends tokens[b] to seqs[b], attending through
+  // attention[b] (nullptr: dense). When `logits` is not null it gets [batch, vocab]. Errors as
+  // Forward's, checked for every row before anything runs; InvalidArgument also for a batch that
+  // is empty, larger than max_batch, of mismatched sizes, or that names a sequence twice.
+  absl::Status DecodeBatch(absl::Span<CudaSequence* const> seqs, absl::Span<const int32_t> tokens,
+                           absl::Span<CudaAttentionProvider* const> attention,
+                           std::vector<float>* logits);
+
+  // The default sequence (the whole pool, created on first use): one request at a time.
   absl::Status Forward(absl::Span<const int32_t> tokens, CudaAttentionProvider* attention,
                        std::vector<float>* logits);
   // Dense attention, logits of the last token.
   absl::Status Forward(absl::Span<const int32_t> tokens, std::vector<float>* logits) {
     return Forward(tokens, nullptr, logits);
   }
+  // Forgets the default sequence's tokens.
+  void Reset();
+  int64_t length() const;
 
-  // The greedy token of the last logits, chosen on the GPU (lowest id on ties).
+  // The greedy token of each of the last step's logits rows (row 0 after a Forward; rows
+  // [0, batch) after a DecodeBatch), chosen on the GPU (lowest id on ties).
   absl::StatusOr<int32_t> GreedyToken();
+  absl::StatusOr<std::vector<int32_t>> GreedyTokens();
 
-  // Forgets the sequence (the KV cache is reused).
-  void Reset() { length_ = 0; }
-  int64_t length() const { return length_; }
+  int64_t num_pages() const;
+  int64_t free_pages() const;
   const ModelConfig& config() const { return config_; }
   const CudaModelOptions& options() const { return options_; }
   cudaStream_t stream() const;
@@ -89,22 +139,34 @@ class CudaModel {
   int64_t kv_bytes() const { return kv_bytes_; }
 
  private:
+  friend class CudaSequence;
   struct Device;
   class TensorSource;
+  // A step's rows: row r of the activations belongs to rows[r].seq.
+  struct StepRow {
+    CudaSequence* seq;
+    int64_t row;      // first activation row
+    int64_t count;    // new tokens of this sequence in the step
+    CudaAttentionProvider* attention;
+  };
   CudaModel(const ModelConfig& config, const CudaModelOptions& options);
   static absl::StatusOr<std::unique_ptr<CudaModel>> Build(const ModelConfig& config,
                                                           const TensorSource& source,
                                                           const CudaModelOptions& options);
-  absl::Status Step(absl::Span<const int32_t> tokens, CudaAttentionProvider* attention,
-                    bool logits);
-  absl::Status EnqueueSegment(int64_t segment, int64_t m, bool logits);
-  absl::Status RunSegment(int64_t segment, int64_t m, bool logits);
-  absl::Status Attention(int64_t layer, int64_t m, CudaAttentionProvider* attention);
+  absl::Status CheckTokens(absl::Span<const int32_t> tokens) const;
+  absl::Status Step(absl::Span<const StepRow> rows, absl::Span<const int32_t> tokens,
+                    int64_t logits_rows);
+  absl::Status EnqueueSegment(int64_t segment, int64_t m, int64_t logits_rows);
+  absl::Status RunSegment(int64_t segment, int64_t m, int64_t logits_rows);
+  absl::Status Attention(int64_t layer, const StepRow& row);
+  absl::StatusOr<CudaSequence*> DefaultSequence();
+  void Release(CudaSequence* seq);
 
   const ModelConfig config_;
   const CudaModelOptions options_;
   std::unique_ptr<Device> dev_;
-  int64_t length_ = 0;
+  std::unique_ptr<CudaSequence> default_seq_;
+  int64_t last_logits_rows_ = 0;
   int64_t weight_bytes_ = 0;
   int64_t kv_bytes_ = 0;
 };

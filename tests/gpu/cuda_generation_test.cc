@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -173,7 +174,7 @@ TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
     options.selection = SmallBudget(policy);
     if (policy == SelectionPolicyKind::kTokenSelect && !GpuScores(config_)) continue;
     int same = 0, total = 0;
-    int64_t hits = 0, lookups = 0;
+    int64_t hits = 0, lookups = 0, cache_decision_diffs = 0;
     for (int i = 0; i < 20; ++i) {
       const std::vector<int32_t> prompt = Prompt(40 + 23 * i, 1000 + i, config_.vocab_size);
       auto want = cpu_gen.Generate(prompt, options, nullptr);
@@ -194,18 +195,19 @@ TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
       EXPECT_EQ(got->stats.generated_tokens, 32);
       hits += got->stats.cache.hits;
       lookups += got->stats.cache.lookups();
-      if (policy == SelectionPolicyKind::kTokenSelect) {
-        // Same cache decisions on both backends whenever the continuations agree.
-        if (got->token_ids == want->token_ids) {
-          EXPECT_EQ(got->stats.cache.hits, want->stats.cache.hits) << "prompt " << i;
-          EXPECT_EQ(got->stats.cache.misses, want->stats.cache.misses) << "prompt " << i;
-        }
+      if (policy == SelectionPolicyKind::kTokenSelect && got->token_ids == want->token_ids) {
+        // Same cache decisions on both backends while the continuations agree, except where a
+        // cosine sits within rounding of theta (counted, and bounded below).
+        cache_decision_diffs += std::abs(got->stats.cache.hits - want->stats.cache.hits);
+        EXPECT_EQ(got->stats.cache.lookups(), want->stats.cache.lookups()) << "prompt " << i;
       }
     }
     std::printf("%s %s: identical greedy continuations on %d of %d prompts; GPU selection cache "
-                "%lld hits of %lld lookups\n",
+                "%lld hits of %lld lookups (%lld decisions differ from the CPU's)\n",
                 GetParam().c_str(), std::string(PolicyName(policy)).c_str(), same, total,
-                static_cast<long long>(hits), static_cast<long long>(lookups));
+                static_cast<long long>(hits), static_cast<long long>(lookups),
+                static_cast<long long>(cache_decision_diffs));
+    EXPECT_LE(cache_decision_diffs * 100, std::max<int64_t>(1, lookups)) << "cache decisions";
     const int floor_percent = policy == SelectionPolicyKind::kTokenSelect ? 35 : 70;
     EXPECT_GE(same * 100, total * floor_percent) << PolicyName(policy);
   }
