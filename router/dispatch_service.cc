@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "grpcpp/client_context.h"
@@ -28,23 +32,25 @@ uint64_t RandomSeed() {
   return rng();
 }
 
+constexpr absl::string_view kSelectionPolicyPrefix = "SELECTION_POLICY_";
+
 v1::WorkerRequest ToWorkerRequest(const RequestSpec& spec) {
   v1::WorkerRequest r;
   r.set_request_id(spec.request_id);
   r.mutable_prompt_token_ids()->Add(spec.prompt_ids.begin(), spec.prompt_ids.end());
-  const SamplingSpec& s = spec.sampling;
+  const params::SamplingParams& s = spec.sampling;
   v1::SamplingParams* p = r.mutable_sampling();
-  if (s.temperature) p->set_temperature(*s.temperature);
-  if (s.top_k) p->set_top_k(*s.top_k);
-  if (s.top_p) p->set_top_p(*s.top_p);
-  if (s.min_p) p->set_min_p(*s.min_p);
-  if (s.repetition_penalty) p->set_repetition_penalty(*s.repetition_penalty);
-  if (s.frequency_penalty) p->set_frequency_penalty(*s.frequency_penalty);
-  if (s.presence_penalty) p->set_presence_penalty(*s.presence_penalty);
+  p->set_temperature(s.temperature);
+  p->set_top_k(s.top_k);
+  p->set_top_p(s.top_p);
+  p->set_min_p(s.min_p);
+  p->set_repetition_penalty(s.repetition_penalty);
+  p->set_frequency_penalty(s.frequency_penalty);
+  p->set_presence_penalty(s.presence_penalty);
   // Prefill samples the first token and decode continues the same random stream: both need the
   // same seed, so the router picks one when the client did not.
   p->set_seed(s.seed ? *s.seed : RandomSeed());
-  if (s.max_new_tokens) p->set_max_new_tokens(*s.max_new_tokens);
+  p->set_max_new_tokens(s.max_new_tokens);
   p->mutable_stop_token_ids()->Add(s.stop_token_ids.begin(), s.stop_token_ids.end());
   p->set_ignore_eos(s.ignore_eos);
   for (const std::string& stop : s.stop) p->add_stop(stop);
@@ -53,7 +59,9 @@ v1::WorkerRequest ToWorkerRequest(const RequestSpec& spec) {
   p->set_top_logprobs(s.top_logprobs);
   const SelectionSpec& sel = spec.selection;
   v1::SelectionParams* q = r.mutable_selection();
-  q->set_policy(static_cast<v1::SelectionPolicy>(sel.policy));
+  if (sel.policy) {
+    q->set_policy(static_cast<v1::SelectionPolicy>(SelectionPolicyNumber(*sel.policy)));
+  }
   if (sel.k) q->set_k(*sel.k);
   if (sel.n_init) q->set_n_init(*sel.n_init);
   if (sel.n_local) q->set_n_local(*sel.n_local);
@@ -146,6 +154,29 @@ void RecordTokens(const RouterMetrics& metrics, int n, double now, double* last)
 
 }  // namespace
 
+int SelectionPolicyNumber(params::SelectionPolicyKind kind) {
+  v1::SelectionPolicy number = v1::SELECTION_POLICY_UNSPECIFIED;
+  const bool known = v1::SelectionPolicy_Parse(
+      absl::StrCat(kSelectionPolicyPrefix, absl::AsciiStrToUpper(params::PolicyName(kind))),
+      &number);
+  TS_CHECK(known, "params policy {} has no tokenselect.v1.SelectionPolicy value",
+           std::string(params::PolicyName(kind)));
+  return number;
+}
+
+absl::StatusOr<std::optional<params::SelectionPolicyKind>> SelectionPolicyFromNumber(int number) {
+  if (number == v1::SELECTION_POLICY_UNSPECIFIED) return std::nullopt;
+  if (!v1::SelectionPolicy_IsValid(number)) {
+    return absl::InvalidArgumentError(absl::StrCat("selection.policy: unknown value ", number));
+  }
+  absl::string_view name = v1::SelectionPolicy_Name(static_cast<v1::SelectionPolicy>(number));
+  absl::ConsumePrefix(&name, kSelectionPolicyPrefix);
+  absl::StatusOr<params::SelectionPolicyKind> kind =
+      params::ParsePolicy(absl::AsciiStrToLower(name));
+  if (!kind.ok()) return kind.status();
+  return *kind;
+}
+
 LoadProbe Dispatcher::MakeLoadProbe() {
   return [](WorkerKind kind, const std::shared_ptr<grpc::Channel>& channel,
             absl::Duration timeout) -> absl::StatusOr<WorkerLoadInfo> {
@@ -174,8 +205,7 @@ absl::Status Dispatcher::Run(grpc::ServerContext* server_context, const RequestS
                              absl::Time arrival, const EmitFn& emit) const {
   const v1::WorkerRequest worker_request = ToWorkerRequest(spec);
   const int64_t prompt_tokens = static_cast<int64_t>(spec.prompt_ids.size());
-  const int64_t reserve_tokens =
-      prompt_tokens + spec.sampling.max_new_tokens.value_or(kDefaultMaxNewTokens);
+  const int64_t reserve_tokens = prompt_tokens + spec.sampling.max_new_tokens;
   auto since_arrival = [&] { return absl::ToDoubleSeconds(absl::Now() - arrival); };
 
   std::set<std::string> failed_prefill;

@@ -18,15 +18,27 @@
 #define TOKENSELECT_ROUTER_DISPATCH_SERVICE_H_
 
 #include <functional>
+#include <optional>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
+#include "params/selection_options.h"
 #include "router/request_spec.h"
 #include "router/router_metrics.h"
 #include "router/worker_registry.h"
 
 namespace tokenselect::router {
+
+// tokenselect.v1.SelectionPolicy numbers and params policies map by name:
+// SELECTION_POLICY_HEAD_VOTE is "head_vote" (params::PolicyName), so the router knows a policy
+// exactly when both the protocol and params do.
+// The wire number of `kind`.
+int SelectionPolicyNumber(params::SelectionPolicyKind kind);
+// The policy of wire number `number`; nullopt for UNSPECIFIED (the workers' default);
+// InvalidArgument naming selection.policy for a number unknown to the protocol or to params.
+absl::StatusOr<std::optional<params::SelectionPolicyKind>> SelectionPolicyFromNumber(int number);
 
 // Called for every event in order, the final one last; returns false when the client is gone
 // (the request is then cancelled on the workers).

@@ -24,18 +24,9 @@ namespace {
 
 constexpr size_t kMaxRequestIdBytes = 128;
 
-// The workers' selection defaults (engine::SelectionOptions, docs/DESIGN.md section 4).
-void FillDefaultSelection(v1::SelectionParams* s) {
-  s->set_policy(v1::SELECTION_POLICY_TOKENSELECT);
-  s->set_k(2048);
-  s->set_n_init(128);
-  s->set_n_local(512);
-  s->set_theta(0.9);
-  s->set_chunk_size(512);
-}
-
-SamplingSpec ToSamplingSpec(const v1::SamplingParams& p) {
-  SamplingSpec s;
+// Unset fields keep the workers' defaults (params::SamplingParams{}).
+params::SamplingParams ToSamplingParams(const v1::SamplingParams& p) {
+  params::SamplingParams s;
   if (p.has_temperature()) s.temperature = p.temperature();
   if (p.has_top_k()) s.top_k = p.top_k();
   if (p.has_top_p()) s.top_p = p.top_p();
@@ -54,15 +45,26 @@ SamplingSpec ToSamplingSpec(const v1::SamplingParams& p) {
   return s;
 }
 
-SelectionSpec ToSelectionSpec(const v1::SelectionParams& p) {
+absl::StatusOr<SelectionSpec> ToSelectionSpec(const v1::SelectionParams& p) {
   SelectionSpec s;
-  s.policy = static_cast<int>(p.policy());
+  ASSIGN_OR_RETURN(s.policy, SelectionPolicyFromNumber(p.policy()));
   if (p.has_k()) s.k = p.k();
   if (p.has_n_init()) s.n_init = p.n_init();
   if (p.has_n_local()) s.n_local = p.n_local();
   if (p.has_theta()) s.theta = p.theta();
   if (p.has_chunk_size()) s.chunk_size = p.chunk_size();
   return s;
+}
+
+// The workers' selection defaults (params::SelectionOptions{}, docs/DESIGN.md section 4).
+void FillDefaultSelection(v1::SelectionParams* s) {
+  const params::SelectionOptions defaults;
+  s->set_policy(static_cast<v1::SelectionPolicy>(SelectionPolicyNumber(defaults.policy)));
+  s->set_k(defaults.k);
+  s->set_n_init(defaults.n_init);
+  s->set_n_local(defaults.n_local);
+  s->set_theta(defaults.theta);
+  s->set_chunk_size(defaults.chunk_size);
 }
 
 void ToProto(const LogprobSpec& l, v1::LogprobEntry* e) {
@@ -255,9 +257,10 @@ class GenerationService final : public v1::Generation::Service {
     }
     RETURN_IF_ERROR(ValidatePrompt(spec.prompt_ids, options_.model->max_prompt_tokens,
                                    options_.model->vocab_size()));
-    spec.sampling = ToSamplingSpec(request.sampling());
-    RETURN_IF_ERROR(ValidateSampling(spec.sampling, options_.model->vocab_size()));
-    spec.selection = ToSelectionSpec(request.selection());
+    spec.sampling = ToSamplingParams(request.sampling());
+    RETURN_IF_ERROR(
+        params::Validate(spec.sampling, static_cast<int>(options_.model->vocab_size())));
+    ASSIGN_OR_RETURN(spec.selection, ToSelectionSpec(request.selection()));
     RETURN_IF_ERROR(ValidateSelection(spec.selection));
     const v1::StreamOptions& stream = request.stream_options();
     spec.skip_special_tokens =

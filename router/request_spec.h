@@ -11,57 +11,34 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "params/sampling_params.h"
+#include "params/selection_options.h"
 
 namespace tokenselect::router {
 
-// Mirrors tokenselect.v1.SamplingParams (unset optionals take the workers' defaults).
-struct SamplingSpec {
-  std::optional<float> temperature, top_p, min_p, repetition_penalty, frequency_penalty,
-      presence_penalty;
-  std::optional<int32_t> top_k, max_new_tokens;
-  std::optional<uint64_t> seed;
-  std::vector<int32_t> stop_token_ids;
-  bool ignore_eos = false;
-  std::vector<std::string> stop;
-  bool include_stop_str_in_output = false;
-  bool logprobs = false;
-  int32_t top_logprobs = 0;
-};
-
-// Mirrors tokenselect.v1.SelectionParams; `policy` is the raw enum number (0 = server default).
+// What a request asks of selection. Only the fields the client set are forwarded: each worker
+// fills the others from its own defaults (its --selection_* flags, wire/selection_flags.h), so
+// unlike sampling, which has fixed defaults (params::SamplingParams{}), presence matters here.
 struct SelectionSpec {
-  int policy = 0;
+  std::optional<params::SelectionPolicyKind> policy;
   std::optional<int64_t> k, n_init, n_local, chunk_size;
   std::optional<double> theta;
 };
 
-// The number of values of tokenselect.v1.SelectionPolicy (UNSPECIFIED .. CASCADE).
-inline constexpr int kNumSelectionPolicies = 10;
-// Bounds shared with engine/sampling/sampling_params.h (the router cannot link the engine).
-inline constexpr int kMaxStopStrings = 16;
-inline constexpr int kMaxStopStringBytes = 1024;
-inline constexpr int kMaxTopLogprobs = 20;
-// The workers' default when the client sets no max_new_tokens (engine::SamplingParams).
-inline constexpr int32_t kDefaultMaxNewTokens = 16;
-
 struct RequestSpec {
   std::string request_id;
   std::vector<int32_t> prompt_ids;
-  SamplingSpec sampling;
+  // Every field is set; the ones the client left unset hold the workers' defaults.
+  params::SamplingParams sampling;
   SelectionSpec selection;
   bool skip_special_tokens = true;
   bool continuous_usage = false;
 };
 
-// OK, or InvalidArgument naming the field ("sampling.top_p must be in (0, 1], got 1.5"), with the
-// engine's ranges: temperature finite >= 0; top_p in (0, 1]; min_p in [0, 1]; top_k >= -1;
-// repetition_penalty finite > 0; frequency/presence penalties in [-2, 2]; max_new_tokens >= 1;
-// stop_token_ids in [0, vocab_size); at most 16 non-empty stop strings of <= 1024 bytes;
-// top_logprobs in [0, 20] and 0 unless logprobs.
-absl::Status ValidateSampling(const SamplingSpec& sampling, int64_t vocab_size);
-
-// OK, or InvalidArgument naming the field: policy a known enum value; k, n_init, n_local >= 0;
-// theta finite >= -1; chunk_size >= 1.
+// OK, or InvalidArgument naming the field ("selection.k must be >= 0, got -3"): the fields the
+// client set must pass params::ValidateSelectionOptions. Unset budget terms count as 0 there, so
+// the bound on n_init + k + n_local is checked as far as the set fields alone decide it (the
+// worker checks the full sum with its defaults).
 absl::Status ValidateSelection(const SelectionSpec& selection);
 
 // OK, or InvalidArgument: "input" when the prompt is empty, "prompt" when it is longer than

@@ -3,16 +3,17 @@
 
 Reads build_graph.tsv (written by cmake/TsBuildGraph.cmake at configure time): one target per
 line with its folder and direct link dependencies. Rules, on the transitive closure:
-  - layers point down: common (and proto) < tokenizer < kernels < engine < services (router,
-    prefill_worker, decode_worker, wire, clients); nothing links a target of a higher layer;
-  - common/ links no CUDA, no NCCL, no gRPC/protobuf;
+  - layers point down: common (and proto) < tokenizer, params, rpc < kernels < engine < services
+    (router, prefill_worker, decode_worker, wire, clients); nothing links a target of a higher
+    layer;
+  - common/ and params/ link no CUDA, no NCCL, no gRPC/protobuf;
   - the router links neither engine/ nor kernels/ nor CUDA/NCCL;
   - prefill_worker/ and decode_worker/ never link each other.
 Exit 0 with a summary when every rule holds; 1 with every violation listed otherwise.
 """
 import sys
 
-LAYER = {"common": 0, "tokenizer": 0.5, "kernels": 1, "engine": 2, "prefill_worker": 3, "decode_worker": 3,
+LAYER = {"common": 0, "tokenizer": 0.5, "params": 0.5, "kernels": 1, "engine": 2, "prefill_worker": 3, "decode_worker": 3,
          "router": 3, "clients": 3, "wire": 3, "rpc": 0.5, "proto": 0}
 CUDA_PREFIXES = ("CUDA::", "ts::nccl")
 GRPC_PREFIXES = ("gRPC::", "protobuf::")
@@ -56,10 +57,10 @@ def main(path):
                     errors.append(f"{name} ({top}) links {dep} ({dep_top}): workers are independent")
                 if top == "router" and dep_top in ("engine", "kernels"):
                     errors.append(f"{name} (router) links {dep} ({dep_top})")
-            if top in ("common", "router") and dep.startswith(CUDA_PREFIXES):
+            if top in ("common", "params", "router") and dep.startswith(CUDA_PREFIXES):
                 errors.append(f"{name} ({top}) links {dep}: no CUDA here")
-            if top == "common" and dep.startswith(GRPC_PREFIXES):
-                errors.append(f"{name} (common) links {dep}: no gRPC in common")
+            if top in ("common", "params") and dep.startswith(GRPC_PREFIXES):
+                errors.append(f"{name} ({top}) links {dep}: no gRPC in {top}")
     if errors:
         print("build graph violates the dependency direction:")
         for e in errors:

@@ -1,4 +1,4 @@
-#include "engine/sampling/sampling_params.h"
+#include "params/sampling_params.h"
 
 #include <cmath>
 #include <cstddef>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
-namespace tokenselect::engine {
+namespace tokenselect::params {
 namespace {
 
 template <typename T>
@@ -111,4 +111,4 @@ absl::Status Validate(const SamplingParams& p, int vocab_size) {
   return absl::OkStatus();
 }
 
-}  // namespace tokenselect::engine
+}  // namespace tokenselect::params

@@ -1,4 +1,4 @@
-#include "engine/sampling/sampling_params.h"
+#include "params/sampling_params.h"
 
 #include <cmath>
 #include <functional>
@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 
-namespace tokenselect::engine {
+namespace tokenselect::params {
 namespace {
 
 constexpr int kVocab = 1000;
@@ -124,4 +124,4 @@ TEST(SamplingParamsTest, RejectsNonPositiveVocab) {
 }
 
 }  // namespace
-}  // namespace tokenselect::engine
+}  // namespace tokenselect::params

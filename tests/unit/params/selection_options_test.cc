@@ -1,4 +1,4 @@
-#include "engine/selection/selection_options.h"
+#include "params/selection_options.h"
 
 #include <cmath>
 #include <limits>
@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace tokenselect::engine {
+namespace tokenselect::params {
 namespace {
 
 using ::testing::HasSubstr;
@@ -112,4 +112,4 @@ TEST(SelectionOptionsTest, EdgeValuesAreValid) {
 }
 
 }  // namespace
-}  // namespace tokenselect::engine
+}  // namespace tokenselect::params

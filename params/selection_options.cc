@@ -1,4 +1,4 @@
-#include "engine/selection/selection_options.h"
+#include "params/selection_options.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
-namespace tokenselect::engine {
+namespace tokenselect::params {
 namespace {
 
 constexpr SelectionPolicyKind kAllPolicies[] = {
@@ -136,4 +136,4 @@ absl::Status ValidateSelectionOptions(const SelectionOptions& options) {
   return ValidateSpanAndBaselines(options);
 }
 
-}  // namespace tokenselect::engine
+}  // namespace tokenselect::params
