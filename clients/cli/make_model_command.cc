@@ -19,6 +19,9 @@ ABSL_FLAG(int32_t, vocab_size, 2048,
           "make-model: tokenizer vocabulary size (256 bytes + merges + 5 special tokens).");
 ABSL_FLAG(uint64_t, weight_seed, 0, "make-model: seed of the random weights.");
 ABSL_FLAG(std::string, dtype, "float32", "make-model: storage dtype: float32, float16, bfloat16.");
+ABSL_FLAG(std::string, init, "scaled",
+          "make-model: weight init: scaled (trained-looking scales, the default) or hf "
+          "(transformers' own N(0, 0.02) init: near-linear, quiet models).");
 
 namespace tokenselect::cli {
 
@@ -43,6 +46,15 @@ absl::Status RunMakeModel(const std::vector<std::string>& args) {
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--dtype must be float32, float16 or bfloat16, got '", dtype, "'"));
+  }
+  const std::string init = absl::GetFlag(FLAGS_init);
+  if (init == "scaled") {
+    options.init = engine::DummyInit::kScaled;
+  } else if (init == "hf") {
+    options.init = engine::DummyInit::kHuggingFace;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--init must be scaled or hf, got '", init, "'"));
   }
   RETURN_IF_ERROR(engine::WriteDemoCheckpoint(out, options));
   std::printf("wrote %s (preset %s)\n", out.c_str(), options.preset.c_str());

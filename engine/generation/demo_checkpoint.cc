@@ -66,6 +66,7 @@ absl::Status WriteDemoCheckpoint(const std::string& dir, const DemoCheckpointOpt
   preset.bos_token_id = *tok->TokenToId(SpecialTokens()[0]);
   preset.eos_token_id = *tok->TokenToId(SpecialTokens()[4]);
   preset.seed = options.weight_seed;
+  preset.init = options.init;
   CheckpointOptions checkpoint;
   checkpoint.dtype = options.dtype;
   RETURN_IF_ERROR(WritePresetCheckpoint(dir, options.preset, preset, checkpoint));

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "engine/model/dtype.h"
+#include "engine/model/dummy_weights.h"
 
 namespace tokenselect::engine {
 
@@ -18,6 +19,7 @@ struct DemoCheckpointOptions {
   std::string preset = "llama-gqa";  // llama-gqa, qwen2-bias, llama3-rope
   int32_t vocab_size = 2048;         // 256 bytes + merges + 5 special tokens
   uint64_t weight_seed = 0;
+  DummyInit init = DummyInit::kScaled;  // weights: trained-looking, or transformers' N(0, 0.02)
   DType dtype = DType::kF32;  // storage dtype: F32, F16 or BF16
 };
 

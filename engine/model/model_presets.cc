@@ -58,7 +58,7 @@ absl::Status WritePresetCheckpoint(const std::string& dir, absl::string_view nam
   ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(name, options));
   DummyWeightOptions dummy;
   dummy.seed = options.seed;
-  dummy.init = DummyInit::kScaled;
+  dummy.init = options.init;
   ASSIGN_OR_RETURN(ModelWeights weights, LoadDummyWeights(config, dummy));
   return WriteCheckpoint(dir, config, weights, checkpoint);
 }

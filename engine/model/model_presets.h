@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/model/checkpoint_writer.h"
+#include "engine/model/dummy_weights.h"
 #include "engine/model/model_config.h"
 
 namespace tokenselect::engine {
@@ -29,6 +30,9 @@ struct PresetOptions {
   int64_t bos_token_id = 1;  // -1: none
   int64_t eos_token_id = 2;  // -1: none
   uint64_t seed = 0;         // of the dummy weights
+  // kScaled: "trained-looking" (greedy generation is nonsense but not degenerate);
+  // kHuggingFace: transformers' own N(0, 0.02) init (dummy_weights.h).
+  DummyInit init = DummyInit::kScaled;
 };
 
 // The preset names, in the order above.
@@ -38,8 +42,7 @@ std::vector<std::string> PresetNames();
 // InvalidArgument (ValidateModelConfig) for a bad vocabulary size or token id.
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name, const PresetOptions& options);
 
-// Writes preset `name` with DummyInit::kScaled weights ("trained-looking": greedy generation is
-// nonsense but not degenerate) to `dir`.
+// Writes preset `name` with options.init's dummy weights (kScaled unless asked) to `dir`.
 absl::Status WritePresetCheckpoint(const std::string& dir, absl::string_view name,
                                    const PresetOptions& options,
                                    const CheckpointOptions& checkpoint = {});

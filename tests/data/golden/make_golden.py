@@ -7,7 +7,9 @@ Run on a host with PyTorch and transformers (no network needed):
 
 CHECKPOINTS_DIR holds one sub-directory per preset, written by
 `tokenselect make-model --preset NAME --out CHECKPOINTS_DIR/NAME` (deterministic, so CI
-regenerates byte-identical files). For every preset and every prompt length in PROMPT_LENGTHS it
+regenerates byte-identical files). tests/data/golden was made from the default weights;
+tests/data/golden_hf from `make-model --init hf` (transformers' own N(0, 0.02) init), on an H200
+host's CPU with transformers 5.17 / torch 2.11 (2026-11-21). For every preset and every prompt length in PROMPT_LENGTHS it
 loads the checkpoint in float32 with eager attention, runs the prompt (token ids drawn from a
 fixed seed, stored in the output so the C++ test needs no tokenizer) and records:
   - full-vocabulary logits at a few positions (the last one included) -> <preset>.logits.bin,

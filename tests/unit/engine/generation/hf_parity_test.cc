@@ -3,6 +3,8 @@
 // at several positions of fixed prompts (lengths 1 to 1024) and 32-token greedy continuations;
 // this test regenerates the same checkpoints (WriteDemoCheckpoint is deterministic) and checks
 //   max |logit - hf_logit| <= 1e-3 at every recorded position, and identical greedy tokens.
+// Two golden sets: tests/data/golden (make-model's default "trained-looking" weights) and
+// tests/data/golden_hf (make-model --init hf: transformers' own N(0, 0.02) init).
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -22,12 +24,17 @@
 namespace tokenselect::engine {
 namespace {
 
-constexpr char kGoldenDir[] = "tests/data/golden";
 constexpr double kMaxLogitDiff = 1e-3;
 
-nlohmann::json ReadGolden() {
-  std::ifstream in(std::string(kGoldenDir) + "/golden.json");
-  EXPECT_TRUE(in.good()) << "missing " << kGoldenDir << "/golden.json (see make_golden.py)";
+struct GoldenCase {
+  const char* dir;
+  const char* preset;
+  DummyInit init;
+};
+
+nlohmann::json ReadGolden(const std::string& dir) {
+  std::ifstream in(dir + "/golden.json");
+  EXPECT_TRUE(in.good()) << "missing " << dir << "/golden.json (see make_golden.py)";
   return nlohmann::json::parse(in);
 }
 
@@ -39,19 +46,21 @@ std::vector<float> ReadFloats(const std::string& path) {
   return out;
 }
 
-class HfParityTest : public ::testing::TestWithParam<std::string> {};
+class HfParityTest : public ::testing::TestWithParam<GoldenCase> {};
 
 TEST_P(HfParityTest, LogitsAndGreedyContinuationsMatchTransformers) {
-  const std::string preset = GetParam();
-  const nlohmann::json golden = ReadGolden();
+  const std::string preset = GetParam().preset;
+  const std::string golden_dir = GetParam().dir;
+  const nlohmann::json golden = ReadGolden(golden_dir);
   ASSERT_TRUE(golden["presets"].contains(preset));
   const nlohmann::json& entry = golden["presets"][preset];
-  const std::vector<float> hf_rows = ReadFloats(std::string(kGoldenDir) + "/" + preset +
-                                                ".logits.bin");
+  const std::vector<float> hf_rows = ReadFloats(golden_dir + "/" + preset + ".logits.bin");
 
-  const std::string dir = ::testing::TempDir() + "/hf_parity_" + preset;
+  const std::string dir = ::testing::TempDir() + "/hf_parity_" + preset +
+                          (GetParam().init == DummyInit::kHuggingFace ? "_hf" : "");
   DemoCheckpointOptions options;
   options.preset = preset;
+  options.init = GetParam().init;
   ASSERT_TRUE(WriteDemoCheckpoint(dir, options).ok());
   absl::StatusOr<LoadedModel> loaded = LoadModelDirectory(dir, LoadFormat::kSafetensors);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -111,13 +120,22 @@ TEST_P(HfParityTest, LogitsAndGreedyContinuationsMatchTransformers) {
               static_cast<long long>(row));
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, HfParityTest,
-                         ::testing::Values("llama-gqa", "qwen2-bias", "llama3-rope"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (char& c : name) if (c == '-') c = '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Presets, HfParityTest,
+    ::testing::Values(GoldenCase{"tests/data/golden", "llama-gqa", DummyInit::kScaled},
+                      GoldenCase{"tests/data/golden", "qwen2-bias", DummyInit::kScaled},
+                      GoldenCase{"tests/data/golden", "llama3-rope", DummyInit::kScaled},
+                      GoldenCase{"tests/data/golden_hf", "llama-gqa", DummyInit::kHuggingFace},
+                      GoldenCase{"tests/data/golden_hf", "qwen2-bias", DummyInit::kHuggingFace},
+                      GoldenCase{"tests/data/golden_hf", "llama3-rope", DummyInit::kHuggingFace}),
+    [](const auto& info) {
+      std::string name = std::string(info.param.preset) +
+                         (info.param.init == DummyInit::kHuggingFace ? "_hf_init" : "");
+      for (char& c : name) {
+        if (c == '-') c = '_';
+      }
+      return name;
+    });
 
 }  // namespace
 }  // namespace tokenselect::engine
