@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<SequenceRunner>> CudaBackend::Start(
 absl::StatusOr<LoadedCudaModel> LoadCudaModelDirectory(const std::string& dir, LoadFormat format,
                                                        uint64_t dummy_seed,
                                                        const CudaModelOptions& options) {
+  RETURN_IF_ERROR(CudaModel::CheckDevice());  // before reading gigabytes of weights
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
                    tokenizer::Tokenizer::LoadFromDirectory(dir));

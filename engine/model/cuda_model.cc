@@ -265,9 +265,22 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::CreateDummy(
   return Build(config, source, options);
 }
 
+absl::Status CudaModel::CheckDevice() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear it
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable CUDA device (", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices",
+        "); run on a GPU host or use the CPU backend"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& config,
                                                             const TensorSource& source,
                                                             const CudaModelOptions& options) {
+  RETURN_IF_ERROR(CheckDevice());
   if (options.max_tokens <= 0 || options.page_size <= 0 || options.max_chunk <= 0 ||
       options.max_batch <= 0 || options.max_batch > options.max_chunk ||
       options.max_tokens > (int64_t{1} << 30)) {

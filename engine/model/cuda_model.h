@@ -89,6 +89,10 @@ class CudaModel {
   static absl::StatusOr<std::unique_ptr<CudaModel>> CreateDummy(
       const ModelConfig& config, const DummyWeightOptions& dummy,
       const CudaModelOptions& options = {});
+  // OK when a CUDA device can be used; FailedPrecondition naming the CUDA error otherwise (no GPU,
+  // or a driver older than the runtime). Create and CreateDummy check it first.
+  static absl::Status CheckDevice();
+
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;

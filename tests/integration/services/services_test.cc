@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -292,6 +294,34 @@ TEST_F(ServicesTest, RemoteCliMatchesOfflineCli) {
   EXPECT_EQ(rc_offline, 0);
   EXPECT_THAT(remote_out, HasSubstr("ids: "));
   EXPECT_EQ(remote_out, offline_out);  // the streamed text and the ids line
+}
+
+// --device: a bad value is refused naming the flag; cuda either runs (GPU host, CUDA build) and
+// prints ids, or fails with a clear reason (no GPU here, or a build without CUDA), never crashes.
+TEST_F(ServicesTest, OfflineCliDeviceFlag) {
+  auto read_log = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  int rc = 0;
+  RunAndCapture({BinDir() + "/tokenselect", "generate", "--model", *model_, "--prompt", "x",
+                 "--device", "tpu"},
+                *dir_ + "/device-tpu.log", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_THAT(read_log(*dir_ + "/device-tpu.log"), HasSubstr("--device must be cpu or cuda"));
+  const std::string out =
+      RunAndCapture({BinDir() + "/tokenselect", "generate", "--model", *model_, "--prompt", "x",
+                     "--max_new_tokens", "3", "--device", "cuda", "--max_context", "64",
+                     "--chunk_size", "64", "--print_ids"},
+                    *dir_ + "/device-cuda.log", &rc);
+  if (rc == 0) {
+    EXPECT_THAT(out, HasSubstr("ids: "));
+  } else {
+    const std::string log = read_log(*dir_ + "/device-cuda.log");
+    EXPECT_TRUE(log.find("no usable CUDA device") != std::string::npos ||
+                log.find("this build has no CUDA backend") != std::string::npos)
+        << log;
+  }
 }
 
 TEST_F(ServicesTest, RemoteCliAcceptsEveryPolicy) {
