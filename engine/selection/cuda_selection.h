@@ -17,7 +17,10 @@
 // and the scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
 // Unimplemented naming the policy (or the shape) otherwise.
 //
-// One per request; not thread-safe. Every launch goes to the query's stream.
+// One per request; not thread-safe. Every launch goes to the query's stream. Memory: besides the
+// per-layer cache entries (L x (H*d floats + k ids)), each provider owns its scoring scratch
+// (max_tokens x H fp32 logits, votes, top-k workspace: ~132 MB at 1M tokens and 32 heads), which
+// providers that share a stream could share; that is left for the decode worker's GPU path.
 #ifndef TOKENSELECT_ENGINE_SELECTION_CUDA_SELECTION_H_
 #define TOKENSELECT_ENGINE_SELECTION_CUDA_SELECTION_H_
 
