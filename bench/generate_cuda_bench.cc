@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_bench_util.h"
 #include "engine/model/cuda_model.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model_config.h"
@@ -63,30 +64,6 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-double CopyBandwidthGBs() {
-  const size_t bytes = size_t{2} << 30;
-  void *a = nullptr, *b = nullptr;
-  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
-  cudaMemset(a, 1, bytes);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> ms;
-  for (int i = 0; i < 12; ++i) {
-    cudaEventRecord(start);
-    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float t = 0;
-    cudaEventElapsedTime(&t, start, stop);
-    if (i >= 2) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
-}
-
 int Main(int argc, char** argv) {
   int64_t tokens = 131072, decode = 64, batch_context = 2048;
   std::string policies = "dense,tokenselect,tokenselect-hit";
@@ -100,7 +77,10 @@ int Main(int argc, char** argv) {
   const ModelConfig config = Llama3_8B();
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  const double copy_gbs = CopyBandwidthGBs();
+  // 2 GiB device to device: median of 10 copies after 2 warm-ups, each waited for.
+  const size_t copy_bytes = size_t{2} << 30;
+  const double copy_gbs =
+      bench::CopyGBs(copy_bytes, bench::CopyMs(nullptr, copy_bytes, {10, 2, /*sync_each=*/true}));
   std::printf("device: %s, copy bandwidth %.0f GB/s (read + write)\n", prop.name, copy_gbs);
 
   CudaModelOptions options;

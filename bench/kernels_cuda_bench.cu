@@ -29,38 +29,20 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_bench_util.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/selection.h"
 #include "kernels/ops.h"
-#include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::kernels::cuda {
 namespace {
 
-using gpu_test::DeviceBuffer;
+using bench::DeviceBuffer;
+using bench::PagedSlots;
 
 constexpr int64_t kHeads = 32, kKvHeads = 8, kDim = 128;
 constexpr int64_t kRowBytes = kKvHeads * kDim * 2;  // one token's keys (or values), bf16
 constexpr int64_t kCacheSlots = int64_t{1} << 20;
-
-// Random bf16 in about [-2, 2) from a hash of the index (host generation of 2 GiB is too slow).
-__global__ void FillRandomBf16(uint16_t* out, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9e3779b9u ^ seed * 0x85ebca6bu ^
-                 static_cast<uint32_t>(i >> 32);
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    h *= 0x846ca68bu;
-    h ^= h >> 16;
-    const float u = (h >> 8) * (1.0f / 16777216.0f);  // [0, 1)
-    const float x = 4.0f * u - 2.0f;
-    uint32_t bits;
-    memcpy(&bits, &x, 4);
-    out[i] = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-  }
-}
 
 // Pure read: every 16 B of `in` once (8 loads in flight per thread), folded into one word that
 // is stored only if it matches an impossible value (keeps the loads alive).
@@ -82,50 +64,16 @@ __global__ void __launch_bounds__(256) ReadKernel(const uint4* __restrict__ in, 
 
 cudaStream_t g_stream = nullptr;  // every launch of this benchmark goes here
 
+// Median time in ms of `reps` runs of fn(rep) after `warmup` runs, each bracketed by events.
+double MedianMs(const std::function<void(int)>& fn, int reps, int warmup = 5) {
+  return bench::MedianMs(g_stream, fn, {reps, warmup});
+}
+
 // Median time in ms per call of fn(rep) when `inner` calls (rep = 0 .. inner - 1, so inputs
 // rotate) are captured in one CUDA graph and the graph is replayed: launch overhead stays out,
 // which matters for the few-microsecond kernels (sparse decode, top-k).
-double GraphMedianMs(const std::function<void(int)>& fn, int reps, int inner = 16);
-
-// Median time in ms of `reps` runs of fn(rep) after `warmup` runs, each bracketed by events.
-double MedianMs(const std::function<void(int)>& fn, int reps, int warmup = 5) {
-  for (int i = 0; i < warmup; ++i) fn(i);
-  std::vector<cudaEvent_t> start(reps), stop(reps);
-  for (int i = 0; i < reps; ++i) {
-    TS_CUDA_CHECK(cudaEventCreate(&start[i]));
-    TS_CUDA_CHECK(cudaEventCreate(&stop[i]));
-  }
-  for (int i = 0; i < reps; ++i) {
-    TS_CUDA_CHECK(cudaEventRecord(start[i], g_stream));
-    fn(i);
-    TS_CUDA_CHECK(cudaEventRecord(stop[i], g_stream));
-  }
-  TS_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<double> ms(reps);
-  for (int i = 0; i < reps; ++i) {
-    float t = 0.0f;
-    TS_CUDA_CHECK(cudaEventElapsedTime(&t, start[i], stop[i]));
-    ms[i] = t;
-    cudaEventDestroy(start[i]);
-    cudaEventDestroy(stop[i]);
-  }
-  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
-  return ms[reps / 2];
-}
-
-double GraphMedianMs(const std::function<void(int)>& fn, int reps, int inner) {
-  fn(0);  // first call outside capture (lazy initialisation in launchers)
-  TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  TS_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < inner; ++i) fn(i);
-  TS_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
-  TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const double ms = MedianMs([&](int) { TS_CUDA_CHECK(cudaGraphLaunch(exec, g_stream)); }, reps, 3);
-  TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  TS_CUDA_CHECK(cudaGraphDestroy(graph));
-  return ms / inner;
+double GraphMedianMs(const std::function<void(int)>& fn, int reps, int inner = 16) {
+  return bench::GraphMedianMs(g_stream, fn, inner, {reps, 3});
 }
 
 struct Row {
@@ -135,17 +83,28 @@ struct Row {
   std::string note;
 };
 
-// Slots of a request: pages of 16 consecutive slots in shuffled page order (a paged cache).
-std::vector<int32_t> PagedSlots(int64_t n, int64_t first_slot, std::mt19937& rng) {
-  const int64_t pages = (n + 15) / 16;
-  std::vector<int32_t> order(static_cast<size_t>(pages));
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng);
-  std::vector<int32_t> slots(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) {
-    slots[j] = static_cast<int32_t>(first_slot + order[j / 16] * 16 + j % 16);
-  }
-  return slots;
+// The decode attention of one request (batch 1) at this shape over `indptr`'s list; the caller
+// sets indices and kv_positions.
+DecodeAttentionParams DecodeParams(const uint16_t* q, uint16_t* out, const int32_t* q_pos,
+                                   const __nv_bfloat16* kc, const __nv_bfloat16* vc,
+                                   const int32_t* indptr, const float* inv_freq, void* workspace,
+                                   int splits, float scale) {
+  DecodeAttentionParams p;
+  p.out = reinterpret_cast<__nv_bfloat16*>(out);
+  p.q = reinterpret_cast<const __nv_bfloat16*>(q);
+  p.q_positions = q_pos;
+  p.k_cache = kc;
+  p.v_cache = vc;
+  p.indptr = indptr;
+  p.inv_freq = inv_freq;
+  p.workspace = workspace;
+  p.batch = 1;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.head_dim = kDim;
+  p.num_splits = splits;
+  p.scale = scale;
+  return p;
 }
 
 // Variants under study at 1M tokens (one launch each after warm-up, so that ncu can profile
@@ -155,47 +114,22 @@ int Variants(const __nv_bfloat16* kc, const __nv_bfloat16* vc, int num_sms) {
   const int64_t n = kCacheSlots;
   std::vector<int32_t> identity(static_cast<size_t>(n));
   std::iota(identity.begin(), identity.end(), 0);
-  DeviceBuffer<int32_t> paged(PagedSlots(n, 0, rng)), contiguous(identity);
+  DeviceBuffer<int32_t> paged(PagedSlots(n, 0, &rng)), contiguous(identity);
   std::vector<float> query(static_cast<size_t>(kHeads * kDim), 0.01f);
-  DeviceBuffer<float> d_query(query), d_max(kHeads), d_inv(kHeads), logits(n * kHeads);
-  DeviceBuffer<char> ws(ScoreKeysWorkspaceBytes(kHeads));
-  ws.Zero();
-  KeyScoreParams sp;
-  sp.logits = logits.get();
-  sp.head_max = d_max.get();
-  sp.head_inv_sum = d_inv.get();
-  sp.query = d_query.get();
-  sp.k_cache = kc;
-  sp.workspace = ws.get();
-  sp.n = n;
-  sp.num_heads = kHeads;
-  sp.num_kv_heads = kKvHeads;
-  sp.head_dim = kDim;
+  DeviceBuffer<float> d_query(query);
+  bench::ExactSelection sel(n, 2048, kHeads, kKvHeads, kDim);
+  sel.score.query = d_query.get();
+  sel.score.k_cache = kc;
   for (auto* slots : {&paged, &contiguous}) {
-    sp.slots = slots->get();
-    const double ms = MedianMs([&](int) { TS_CUDA_CHECK(ScoreKeys(sp, g_stream)); }, 5, 2);
+    sel.score.slots = slots->get();
+    const double ms = MedianMs([&](int) { TS_CUDA_CHECK(ScoreKeys(sel.score, g_stream)); }, 5, 2);
     std::printf("variant score 1M %s: %.4f ms, %.1f GB/s of keys\n",
                 slots == &paged ? "paged" : "contiguous", ms, n * kRowBytes / ms / 1e6);
   }
   {
-    DeviceBuffer<float> vote(n);
-    DeviceBuffer<int32_t> topk(2048);
-    DeviceBuffer<char> topk_ws(TopKWorkspaceBytes(n));
-    VoteParams vp;
-    vp.vote = vote.get();
-    vp.logits = logits.get();
-    vp.head_max = d_max.get();
-    vp.head_inv_sum = d_inv.get();
-    vp.n = n;
-    vp.num_heads = kHeads;
-    TopKParams tp;
-    tp.out = topk.get();
-    tp.scores = vote.get();
-    tp.workspace = topk_ws.get();
-    tp.n = n;
-    tp.k = 2048;
-    const double t_vote = GraphMedianMs([&](int) { TS_CUDA_CHECK(VoteFromLogits(vp, g_stream)); }, 10);
-    const double t_topk = GraphMedianMs([&](int) { TS_CUDA_CHECK(TopK(tp, g_stream)); }, 10);
+    const double t_vote =
+        GraphMedianMs([&](int) { TS_CUDA_CHECK(VoteFromLogits(sel.soft_vote, g_stream)); }, 10);
+    const double t_topk = GraphMedianMs([&](int) { TS_CUDA_CHECK(TopK(sel.top_k, g_stream)); }, 10);
     std::printf("variant 1M: vote %.4f ms, top-2048 %.4f ms (graph-timed)\n", t_vote, t_topk);
   }
   RopeParams rope;
@@ -212,23 +146,11 @@ int Variants(const __nv_bfloat16* kc, const __nv_bfloat16* vc, int num_sms) {
     const int splits = config == 0 || config == 5 ? planned : 33 * config;
     const bool tensor_cores = config != 5;
     DeviceBuffer<char> dws(DecodeAttentionWorkspaceBytes(1, kHeads, kDim, splits));
-    DecodeAttentionParams p;
-    p.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
-    p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
-    p.q_positions = d_q_pos.get();
-    p.k_cache = kc;
-    p.v_cache = vc;
-    p.indptr = d_indptr.get();
+    DecodeAttentionParams p =
+        DecodeParams(d_q.get(), d_out.get(), d_q_pos.get(), kc, vc, d_indptr.get(),
+                     d_inv_freq.get(), dws.get(), splits, 0.088f);
     p.indices = paged.get();
     p.kv_positions = contiguous.get();
-    p.inv_freq = d_inv_freq.get();
-    p.workspace = dws.get();
-    p.batch = 1;
-    p.num_heads = kHeads;
-    p.num_kv_heads = kKvHeads;
-    p.head_dim = kDim;
-    p.num_splits = splits;
-    p.scale = 0.088f;
     p.use_tensor_cores = tensor_cores;
     const double ms = MedianMs([&](int) { TS_CUDA_CHECK(DecodeAttention(p, g_stream)); }, 5, 2);
     std::printf("variant dense decode 1M, %d splits, %s: %.4f ms, %.1f GB/s of K+V\n", splits,
@@ -252,22 +174,10 @@ int Variants(const __nv_bfloat16* kc, const __nv_bfloat16* vc, int num_sms) {
       const int splits = config == 3 ? 42 : config == 0 ? sparse_planned : 10 * config;
       const bool tensor_cores = config != 3;
       DeviceBuffer<char> dws(DecodeAttentionWorkspaceBytes(1, kHeads, kDim, splits));
-      DecodeAttentionParams p;
-      p.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
-      p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
-      p.q_positions = d_q_pos.get();
-      p.k_cache = kc;
-      p.v_cache = vc;
-      p.indptr = d_sparse_indptr.get();
+      DecodeAttentionParams p =
+          DecodeParams(d_q.get(), d_out.get(), d_q_pos.get(), kc, vc, d_sparse_indptr.get(),
+                       d_inv_freq.get(), dws.get(), splits, 0.088f);
       p.kv_positions = contiguous.get();
-      p.inv_freq = d_inv_freq.get();
-      p.workspace = dws.get();
-      p.batch = 1;
-      p.num_heads = kHeads;
-      p.num_kv_heads = kKvHeads;
-      p.head_dim = kDim;
-      p.num_splits = splits;
-      p.scale = 0.088f;
       p.use_tensor_cores = tensor_cores;
       const double ms = GraphMedianMs([&](int r) {
         p.indices = sets[r % 16]->get();
@@ -300,10 +210,8 @@ int Main(int argc, char** argv) {
   {
     DeviceBuffer<char> a(copy_bytes), b(copy_bytes);
     a.Zero();
-    const double ms = MedianMs([&](int) {
-      TS_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), copy_bytes, cudaMemcpyDeviceToDevice, g_stream));
-    }, reps);
-    copy_gbps = 2.0 * copy_bytes / ms / 1e6;
+    const double ms = bench::CopyMs(g_stream, b.get(), a.get(), copy_bytes, {reps, 5});
+    copy_gbps = bench::CopyGBs(copy_bytes, ms);
     rows.push_back({"copy 1 GiB d2d (read+write)", ms, copy_gbps, "ceiling"});
     DeviceBuffer<uint32_t> sink(1);
     const int blocks = prop.multiProcessorCount * 8;
@@ -322,9 +230,8 @@ int Main(int argc, char** argv) {
               2.0 * kCacheSlots * kRowBytes / 1073741824.0);
   DeviceBuffer<uint16_t> k_cache(static_cast<size_t>(kCacheSlots * kKvHeads * kDim));
   DeviceBuffer<uint16_t> v_cache(k_cache.size());
-  FillRandomBf16<<<1024, 256>>>(k_cache.get(), static_cast<int64_t>(k_cache.size()), 1u);
-  FillRandomBf16<<<1024, 256>>>(v_cache.get(), static_cast<int64_t>(v_cache.size()), 2u);
-  TS_CUDA_CHECK(cudaGetLastError());
+  bench::FillRandomBf16(k_cache.get(), static_cast<int64_t>(k_cache.size()), 1u, nullptr);
+  bench::FillRandomBf16(v_cache.get(), static_cast<int64_t>(v_cache.size()), 2u, nullptr);
   TS_CUDA_CHECK(cudaDeviceSynchronize());
   const auto* kc = reinterpret_cast<const __nv_bfloat16*>(k_cache.get());
   const auto* vc = reinterpret_cast<const __nv_bfloat16*>(v_cache.get());
@@ -361,32 +268,16 @@ int Main(int argc, char** argv) {
   DeviceBuffer<int32_t> d_step_q_pos(step_q_pos);
   const int step_splits = PlanDecodeSplits(1, kKvHeads, step_n, prop.multiProcessorCount);
   DeviceBuffer<char> step_ws(DecodeAttentionWorkspaceBytes(1, kHeads, kDim, step_splits));
-  DecodeAttentionParams step_dp;
-  step_dp.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
-  step_dp.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
-  step_dp.q_positions = d_step_q_pos.get();
-  step_dp.k_cache = kc;
-  step_dp.v_cache = vc;
-  step_dp.indptr = d_step_indptr.get();
+  DecodeAttentionParams step_dp =
+      DecodeParams(d_q.get(), d_out.get(), d_step_q_pos.get(), kc, vc, d_step_indptr.get(),
+                   d_inv_freq.get(), step_ws.get(), step_splits, 1.0f / std::sqrt(float(kDim)));
   step_dp.kv_positions = d_step_pos.get();
-  step_dp.inv_freq = d_inv_freq.get();
-  step_dp.workspace = step_ws.get();
-  step_dp.batch = 1;
-  step_dp.num_heads = kHeads;
-  step_dp.num_kv_heads = kKvHeads;
-  step_dp.head_dim = kDim;
-  step_dp.num_splits = step_splits;
-  step_dp.scale = 1.0f / std::sqrt(float(kDim));
 
   // ---- Selection. ----
   std::vector<float> query(static_cast<size_t>(kHeads * kDim));
   for (float& x : query) x = normal(rng) * (3.0f / std::sqrt(float(kDim)));
   DeviceBuffer<float> d_query(query);
-  DeviceBuffer<float> d_max(kHeads), d_inv(kHeads);
-  DeviceBuffer<char> score_ws(ScoreKeysWorkspaceBytes(kHeads));
-  score_ws.Zero();
   const int64_t k = 2048;
-  DeviceBuffer<int32_t> d_topk(k);
   const int64_t sizes[] = {32 << 10, 128 << 10, 512 << 10, 1 << 20};
   for (int64_t n : sizes) {
     // Rotate among disjoint slot windows so that the keys of a rep are not in L2.
@@ -394,36 +285,15 @@ int Main(int argc, char** argv) {
     std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> slot_sets;
     std::vector<int32_t> first_slots;
     for (int s = 0; s < sets; ++s) {
-      first_slots = PagedSlots(n, s * n, rng);
+      first_slots = PagedSlots(n, s * n, &rng);
       slot_sets.push_back(std::make_unique<DeviceBuffer<int32_t>>(first_slots));
     }
-    DeviceBuffer<float> logits(static_cast<size_t>(n * kHeads)), vote(static_cast<size_t>(n));
-    DeviceBuffer<char> topk_ws(TopKWorkspaceBytes(n));
-    KeyScoreParams sp;
-    sp.logits = logits.get();
-    sp.head_max = d_max.get();
-    sp.head_inv_sum = d_inv.get();
-    sp.query = d_query.get();
-    sp.k_cache = kc;
-    sp.workspace = score_ws.get();
-    sp.n = n;
-    sp.num_heads = kHeads;
-    sp.num_kv_heads = kKvHeads;
-    sp.head_dim = kDim;
-    sp.scale = 1.0f;
-    VoteParams vp;
-    vp.vote = vote.get();
-    vp.logits = logits.get();
-    vp.head_max = d_max.get();
-    vp.head_inv_sum = d_inv.get();
-    vp.n = n;
-    vp.num_heads = kHeads;
-    TopKParams tp;
-    tp.out = d_topk.get();
-    tp.scores = vote.get();
-    tp.workspace = topk_ws.get();
-    tp.n = n;
-    tp.k = k;
+    bench::ExactSelection sel(n, k, kHeads, kKvHeads, kDim);
+    sel.score.query = d_query.get();
+    sel.score.k_cache = kc;
+    KeyScoreParams& sp = sel.score;
+    VoteParams& vp = sel.soft_vote;
+    TopKParams& tp = sel.top_k;
     auto score = [&](int rep) {
       sp.slots = slot_sets[rep % sets]->get();
       TS_CUDA_CHECK(ScoreKeys(sp, g_stream));
@@ -435,9 +305,9 @@ int Main(int argc, char** argv) {
     };
     if (n == sizes[0]) {
       // Check: fp64 CPU soft vote over the last slot set, then the top-k tolerance rule.
-      logits.Poison();
-      vote.Poison();
-      d_topk.Poison();
+      sel.logits.Poison();
+      sel.vote.Poison();
+      sel.top.Poison();
       all(sets - 1);
       TS_CUDA_CHECK(cudaDeviceSynchronize());
       // The last set's slots lie in [(sets - 1) n, sets n): copy that window.
@@ -462,13 +332,13 @@ int Main(int argc, char** argv) {
         for (int64_t j = 0; j < n; ++j) z[h] += std::exp(s[h * n + j] - mx[h]);
       for (int64_t j = 0; j < n; ++j)
         for (int64_t h = 0; h < kHeads; ++h) ref[j] += std::exp(s[h * n + j] - mx[h]) / z[h];
-      const std::vector<float> got = vote.Download();
+      const std::vector<float> got = sel.vote.Download();
       double max_rel = 0.0;
       for (int64_t j = 0; j < n; ++j) max_rel = std::max(max_rel, std::fabs(got[j] - ref[j]) / ref[j]);
       std::vector<double> sorted(ref);
       std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<double>());
       const double t = sorted[k - 1];
-      const std::vector<int32_t> picked = d_topk.Download();
+      const std::vector<int32_t> picked = sel.top.Download();
       int outside = 0, bad = 0;
       for (int32_t i : picked) {
         if (i < 0 || i >= n) { ++bad; continue; }
@@ -567,7 +437,7 @@ int Main(int argc, char** argv) {
       if (sparse) {
         for (auto& x : indices) x = any_slot(rng);
       } else {
-        indices = PagedSlots(n, s * n, rng);
+        indices = PagedSlots(n, s * n, &rng);
         if (contiguous) std::iota(indices.begin(), indices.end(), static_cast<int32_t>(s * n));
       }
       std::iota(positions.begin(), positions.end(), 0);
@@ -580,21 +450,9 @@ int Main(int argc, char** argv) {
     const int splits = split_count > 0 ? split_count
                                        : PlanDecodeSplits(1, kKvHeads, n, prop.multiProcessorCount);
     DeviceBuffer<char> ws(DecodeAttentionWorkspaceBytes(1, kHeads, kDim, splits));
-    DecodeAttentionParams p;
-    p.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
-    p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
-    p.q_positions = d_q_pos.get();
-    p.k_cache = kc;
-    p.v_cache = vc;
-    p.indptr = d_indptr.get();
-    p.inv_freq = d_inv_freq.get();
-    p.workspace = ws.get();
-    p.batch = 1;
-    p.num_heads = kHeads;
-    p.num_kv_heads = kKvHeads;
-    p.head_dim = kDim;
-    p.num_splits = splits;
-    p.scale = 1.0f / std::sqrt(float(kDim));
+    DecodeAttentionParams p =
+        DecodeParams(d_q.get(), d_out.get(), d_q_pos.get(), kc, vc, d_indptr.get(),
+                     d_inv_freq.get(), ws.get(), splits, 1.0f / std::sqrt(float(kDim)));
     auto run = [&](int rep) {
       p.indices = idx_sets[rep % sets]->get();
       p.kv_positions = pos_sets[rep % sets]->get();
@@ -634,14 +492,9 @@ int Main(int argc, char** argv) {
       gp.head_dim = kDim;
       gp.scale = p.scale;
       cpu::GatherAttention(gp);
-      const std::vector<uint16_t> out = d_out.Download();
-      double e2 = 0.0, r2 = 0.0;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const double d = gpu_test::Bf16BitsToFloat(out[i]) - ref[i];
-        e2 += std::isnan(d) ? 1e30 : d * d;
-        r2 += double(ref[i]) * ref[i];
-      }
-      const double rel = std::sqrt(e2 / r2);
+      gpu_test::Bf16Error err;
+      err.Add(d_out.Download().data(), ref.data(), 0, static_cast<int64_t>(ref.size()));
+      const double rel = err.first_nan >= 0 ? INFINITY : err.relative_l2();
       std::printf("check sparse decode (%lld tokens, %d splits): rel L2 err %.2e vs "
                   "cpu::GatherAttention -> %s\n", static_cast<long long>(n), splits, rel,
                   rel < 5e-3 ? "OK" : "FAILED");

@@ -14,17 +14,18 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 
+#include "bench/cuda_bench_util.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/sampling.h"
-#include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::kernels::cuda {
 namespace {
 
-using gpu_test::DeviceBuffer;
+using bench::DeviceBuffer;
 
 std::unique_ptr<DeviceBuffer<uint16_t>> RandomBf16(size_t n, uint64_t seed) {
   std::vector<uint16_t> host(n);
@@ -37,26 +38,9 @@ std::unique_ptr<DeviceBuffer<uint16_t>> RandomBf16(size_t n, uint64_t seed) {
   return std::make_unique<DeviceBuffer<uint16_t>>(host);
 }
 
-template <typename F>
-float MedianMs(F&& launch) {
-  cudaEvent_t start, stop;
-  TS_CUDA_CHECK(cudaEventCreate(&start));
-  TS_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) launch(i);
-  std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
-    TS_CUDA_CHECK(cudaEventRecord(start));
-    launch(i);
-    TS_CUDA_CHECK(cudaEventRecord(stop));
-    TS_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0.0f;
-    TS_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-  }
-  TS_CUDA_CHECK(cudaEventDestroy(start));
-  TS_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+// Median of 20 timed launch(i) after 3 warm-ups, each waited for (default stream).
+float MedianMs(const std::function<void(int)>& launch) {
+  return static_cast<float>(bench::MedianMs(nullptr, launch, {20, 3, /*sync_each=*/true}));
 }
 
 struct Shape {
@@ -114,12 +98,8 @@ int Run(bool quick) {
 
   // Copy ceiling: 1 GiB device to device, bytes read + written.
   const size_t copy_bytes = size_t{1} << 30;
-  DeviceBuffer<char> src(copy_bytes), dst(copy_bytes);
-  TS_CUDA_CHECK(cudaMemset(src.get(), 1, copy_bytes));
-  const float copy_ms = MedianMs([&](int) {
-    TS_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice));
-  });
-  const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
+  const double copy_ms = bench::CopyMs(nullptr, copy_bytes, {20, 3, /*sync_each=*/true});
+  const double copy_gbs = bench::CopyGBs(copy_bytes, copy_ms);
   std::printf("copy ceiling: %.3f ms for 1 GiB -> %.0f GB/s (read + write)\n", copy_ms, copy_gbs);
 
   // GEMM ceiling: 8192^3, bf16 in, fp32 accumulate, bf16 out.

@@ -50,12 +50,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "bench/cuda_bench_util.h"
 #include "engine/transfer/nccl_kv_link.h"
 #include "kernels/cuda/kv_pack.h"
 
@@ -70,14 +71,6 @@ constexpr int64_t kRow = 1024;
 constexpr int64_t kChunk = 512;
 constexpr int64_t kPage = 16;
 
-#define CUDA_CHECK(expr)                                                                         \
-  do {                                                                                           \
-    const cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 #define NCCL_CHECK(expr)                                                                         \
   do {                                                                                           \
     const ncclResult_t r_ = (expr);                                                              \
@@ -119,31 +112,28 @@ struct Side {
   void Init(int r, int64_t n, const std::string& raw_id) {
     rank = r;
     tokens = n;
-    CUDA_CHECK(cudaSetDevice(rank));
+    TS_CUDA_CHECK(cudaSetDevice(rank));
     const int64_t num_slots = tokens;
     for (int64_t l = 0; l < kLayers; ++l) {
       for (auto* list : {&k, &v}) {
         void* p = nullptr;
-        CUDA_CHECK(cudaMalloc(&p, num_slots * kRow * 2));
-        CUDA_CHECK(cudaMemset(p, rank == 0 ? 0x3c : 0, num_slots * kRow * 2));
+        TS_CUDA_CHECK(cudaMalloc(&p, num_slots * kRow * 2));
+        TS_CUDA_CHECK(cudaMemset(p, rank == 0 ? 0x3c : 0, num_slots * kRow * 2));
         list->push_back(static_cast<__nv_bfloat16*>(p));
       }
     }
-    std::vector<int32_t> pages(num_slots / kPage);
-    std::iota(pages.begin(), pages.end(), 0);
-    std::shuffle(pages.begin(), pages.end(), std::mt19937(rank + 7));
-    slots.resize(tokens);
-    for (int64_t t = 0; t < tokens; ++t) slots[t] = pages[t / kPage] * kPage + t % kPage;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaMalloc(&flag, sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&id_buffer, NCCL_UNIQUE_ID_BYTES));
-    CUDA_CHECK(cudaMalloc(&contiguous, bytes()));
-    CUDA_CHECK(cudaMemset(contiguous, 0x3c, bytes()));
+    std::mt19937 rng(rank + 7);
+    slots = bench::PagedSlots(num_slots, 0, &rng);
+    TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    TS_CUDA_CHECK(cudaMalloc(&flag, sizeof(float)));
+    TS_CUDA_CHECK(cudaMalloc(&id_buffer, NCCL_UNIQUE_ID_BYTES));
+    TS_CUDA_CHECK(cudaMalloc(&contiguous, bytes()));
+    TS_CUDA_CHECK(cudaMemset(contiguous, 0x3c, bytes()));
     ncclUniqueId id;
     std::memcpy(id.internal, raw_id.data(), NCCL_UNIQUE_ID_BYTES);
     NCCL_CHECK(ncclCommInitRank(&raw, 2, id, rank));
     NCCL_CHECK(ncclMemAlloc(&registered, bytes()));
-    CUDA_CHECK(cudaMemset(registered, 0x3c, bytes()));
+    TS_CUDA_CHECK(cudaMemset(registered, 0x3c, bytes()));
     NCCL_CHECK(ncclCommRegister(raw, registered, bytes(), &registration));
   }
 
@@ -164,19 +154,19 @@ struct Side {
       auto made = NcclKvLink::CreateUniqueId();
       if (!made.ok()) std::exit(1);
       id = *made;
-      CUDA_CHECK(cudaMemcpy(id_buffer, id.data(), id.size(), cudaMemcpyHostToDevice));
+      TS_CUDA_CHECK(cudaMemcpy(id_buffer, id.data(), id.size(), cudaMemcpyHostToDevice));
       NCCL_CHECK(ncclSend(id_buffer, id.size(), ncclUint8, 0, raw, stream));
     } else {
       NCCL_CHECK(ncclRecv(id_buffer, id.size(), ncclUint8, 1, raw, stream));
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    CUDA_CHECK(cudaMemcpy(id.data(), id_buffer, id.size(), cudaMemcpyDeviceToHost));
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    TS_CUDA_CHECK(cudaMemcpy(id.data(), id_buffer, id.size(), cudaMemcpyDeviceToHost));
     return id;
   }
 
   void Barrier() {
     NCCL_CHECK(ncclAllReduce(flag, flag, 1, ncclFloat32, ncclSum, raw, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
   // One ncclSend / ncclRecv of the whole contiguous (or registered) buffer; seconds.
@@ -189,7 +179,7 @@ struct Side {
     } else {
       NCCL_CHECK(ncclRecv(buffer, bytes(), ncclUint8, 0, raw, stream));
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
     return Now() - t0;
   }
 
@@ -208,7 +198,7 @@ struct Side {
         NCCL_CHECK(ncclRecv(p, n, ncclUint8, 0, raw, stream));
       }
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
     return Now() - t0;
   }
 
@@ -273,23 +263,17 @@ int Run(int rank, int64_t tokens, int reps, const std::string& raw_id, pid_t chi
   if (rank == 0) return 0;
 
   // The pack kernels alone on this GPU, over the same chunks (staging of one chunk, reused).
-  void* staging = nullptr;
   const int64_t chunk_bytes = kLayers * 2 * kChunk * kRow * 2;
-  CUDA_CHECK(cudaMalloc(&staging, chunk_bytes));
-  int32_t* d_slots = nullptr;
-  CUDA_CHECK(cudaMalloc(&d_slots, tokens * sizeof(int32_t)));
-  CUDA_CHECK(
-      cudaMemcpy(d_slots, side.slots.data(), tokens * sizeof(int32_t), cudaMemcpyHostToDevice));
-  __nv_bfloat16** tables = nullptr;
-  CUDA_CHECK(cudaMalloc(&tables, 2 * kLayers * sizeof(void*)));
-  CUDA_CHECK(cudaMemcpy(tables, side.k.data(), kLayers * sizeof(void*), cudaMemcpyHostToDevice));
-  CUDA_CHECK(
-      cudaMemcpy(tables + kLayers, side.v.data(), kLayers * sizeof(void*), cudaMemcpyHostToDevice));
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
+  bench::DeviceBuffer<char> staging_buffer(static_cast<size_t>(chunk_bytes));
+  void* staging = staging_buffer.get();
+  bench::DeviceBuffer<int32_t> slots_buffer(side.slots);
+  const int32_t* d_slots = slots_buffer.get();
+  std::vector<__nv_bfloat16*> host_tables(side.k);  // [K of each layer, V of each layer]
+  host_tables.insert(host_tables.end(), side.v.begin(), side.v.end());
+  bench::DeviceBuffer<__nv_bfloat16*> tables_buffer(host_tables);
+  __nv_bfloat16** tables = tables_buffer.get();
+  // Launches the pack kernels over all chunks (gather or scatter).
   auto run_kernels = [&](bool gather, int max_blocks) {
-    CUDA_CHECK(cudaEventRecord(e0, side.stream));
     for (int64_t t = 0; t < tokens; t += kChunk) {
       const int64_t n = std::min(kChunk, tokens - t);
       if (gather) {
@@ -303,7 +287,7 @@ int Run(int rank, int64_t tokens, int reps, const std::string& raw_id, pid_t chi
         g.row = kRow;
         g.num_slots = tokens;
         g.max_blocks = max_blocks;
-        CUDA_CHECK(kernels::cuda::KvGather(g, side.stream));
+        TS_CUDA_CHECK(kernels::cuda::KvGather(g, side.stream));
       } else {
         kernels::cuda::KvScatterParams s;
         s.k_layers = tables;
@@ -315,34 +299,31 @@ int Run(int rank, int64_t tokens, int reps, const std::string& raw_id, pid_t chi
         s.row = kRow;
         s.num_slots = tokens;
         s.max_blocks = max_blocks;
-        CUDA_CHECK(kernels::cuda::KvScatter(s, side.stream));
+        TS_CUDA_CHECK(kernels::cuda::KvScatter(s, side.stream));
       }
     }
-    CUDA_CHECK(cudaEventRecord(e1, side.stream));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms / 1e3;
+  };
+  // Seconds of each of `reps` timed runs of fn (CUDA events on side.stream, each waited for).
+  auto timed_s = [&](const std::function<void()>& fn, int warmup) {
+    std::vector<double> t =
+        bench::EventTimesMs(side.stream, [&](int) { fn(); }, {reps, warmup, /*sync_each=*/true});
+    for (double& x : t) x /= 1e3;
+    return t;
   };
   std::vector<double> gathers[2], scatters[2];  // uncapped, 32 blocks
   run_kernels(true, 0);
   for (int c = 0; c < 2; ++c) {
-    for (int i = 0; i < reps; ++i) gathers[c].push_back(run_kernels(true, c == 0 ? 0 : 32));
-    for (int i = 0; i < reps; ++i) scatters[c].push_back(run_kernels(false, c == 0 ? 0 : 32));
+    gathers[c] = timed_s([&] { run_kernels(true, c == 0 ? 0 : 32); }, 0);
+    scatters[c] = timed_s([&] { run_kernels(false, c == 0 ? 0 : 32); }, 0);
   }
   // Device copy ceiling: cudaMemcpy device to device of the contiguous buffer onto itself's half.
   const int64_t half = side.bytes() / 2;
-  std::vector<double> copies;
-  for (int i = 0; i < reps + 1; ++i) {
-    CUDA_CHECK(cudaEventRecord(e0, side.stream));
-    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(side.contiguous) + half, side.contiguous, half,
-                               cudaMemcpyDeviceToDevice, side.stream));
-    CUDA_CHECK(cudaEventRecord(e1, side.stream));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i > 0) copies.push_back(ms / 1e3);
-  }
+  const std::vector<double> copies = timed_s(
+      [&] {
+        TS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(side.contiguous) + half, side.contiguous,
+                                      half, cudaMemcpyDeviceToDevice, side.stream));
+      },
+      /*warmup=*/1);
 
   int status = 0;
   waitpid(child, &status, 0);
@@ -354,7 +335,7 @@ int Run(int rank, int64_t tokens, int reps, const std::string& raw_id, pid_t chi
   int nccl_version = 0;
   ncclGetVersion(&nccl_version);
   cudaDeviceProp prop;
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, 1));
+  TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 1));
   const double gb = side.bytes() / 1e9;
   std::printf(
       "NcclKvLink vs plain NCCL: %s x2, NCCL %d, %ld tokens x %ld layers x 2 x %ld bf16 = "

@@ -30,15 +30,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_bench_util.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/selection.h"
 #include "kernels/ops.h"
-#include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::kernels::cuda {
 namespace {
 
-using gpu_test::DeviceBuffer;
+using bench::DeviceBuffer;
 
 constexpr int64_t kHeads = 32, kKvHeads = 8, kDim = 128;
 constexpr int64_t kChunk = 512, kInit = 128, kTopK = 2048, kLocal = 512;
@@ -48,23 +48,6 @@ constexpr int64_t kMaxN = int64_t{1} << 20;
 constexpr int64_t kCacheSlots = kMaxN + kChunk;        // cached tokens + the chunk's own slots
 constexpr int64_t kRowBytes = kKvHeads * kDim * 2;     // one token's keys (or values), bf16
 constexpr int64_t kQStride = (kHeads + 2 * kKvHeads) * kDim;  // fused qkv row
-
-__global__ void FillRandomBf16(uint16_t* out, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9e3779b9u ^ seed * 0x85ebca6bu ^
-                 static_cast<uint32_t>(i >> 32);
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    h *= 0x846ca68bu;
-    h ^= h >> 16;
-    const float x = 4.0f * ((h >> 8) * (1.0f / 16777216.0f)) - 2.0f;  // [-2, 2)
-    uint32_t bits;
-    memcpy(&bits, &x, 4);
-    out[i] = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-  }
-}
 
 // The TokenSelect list of one chunk: [0, init) + candidate_slots[topk] + [N - local, N) (all
 // shifted by `base`, the request's first slot) + the chunk's slots; compact positions; the
@@ -103,44 +86,12 @@ int Splits(int64_t list_len, int num_sms) {
 }
 
 double MedianMs(const std::function<void(int)>& fn, int reps, int warmup = 3) {
-  for (int i = 0; i < warmup; ++i) fn(i);
-  std::vector<cudaEvent_t> start(reps), stop(reps);
-  for (int i = 0; i < reps; ++i) {
-    TS_CUDA_CHECK(cudaEventCreate(&start[i]));
-    TS_CUDA_CHECK(cudaEventCreate(&stop[i]));
-  }
-  for (int i = 0; i < reps; ++i) {
-    TS_CUDA_CHECK(cudaEventRecord(start[i], g_stream));
-    fn(i);
-    TS_CUDA_CHECK(cudaEventRecord(stop[i], g_stream));
-  }
-  TS_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<double> ms(reps);
-  for (int i = 0; i < reps; ++i) {
-    float t = 0.0f;
-    TS_CUDA_CHECK(cudaEventElapsedTime(&t, start[i], stop[i]));
-    ms[i] = t;
-    cudaEventDestroy(start[i]);
-    cudaEventDestroy(stop[i]);
-  }
-  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
-  return ms[reps / 2];
+  return bench::MedianMs(g_stream, fn, {reps, warmup});
 }
 
 // `inner` calls of fn(rep) captured in one CUDA graph, replayed: ms per call.
 double GraphMedianMs(const std::function<void(int)>& fn, int reps, int inner = 16) {
-  fn(0);
-  TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  TS_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < inner; ++i) fn(i);
-  TS_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
-  TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const double ms = MedianMs([&](int) { TS_CUDA_CHECK(cudaGraphLaunch(exec, g_stream)); }, reps, 2);
-  TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  TS_CUDA_CHECK(cudaGraphDestroy(graph));
-  return ms / inner;
+  return bench::GraphMedianMs(g_stream, fn, inner, {reps, 2});
 }
 
 struct Csv {
@@ -150,12 +101,23 @@ struct Csv {
   }
 };
 
-// Device buffers of one attention problem (batch 1, chunk 512 queries).
+// The device lists of one attention problem (batch 1, chunk 512 queries), not owned.
+struct Lists {
+  const int32_t *q_indptr, *kv_indptr, *slots, *positions, *visible, *q_positions;
+  int64_t list_len;
+};
+
+// Device buffers of one attention problem.
 struct Problem {
   std::unique_ptr<DeviceBuffer<int32_t>> q_indptr, kv_indptr, slots, positions, visible,
       q_positions;
   double visible_sum = 0.0;  // sum_i visible_i
   int64_t list_len = 0;
+
+  Lists lists() const {
+    return {q_indptr->get(), kv_indptr->get(),   slots->get(), positions->get(),
+            visible->get(),  q_positions->get(), list_len};
+  }
 };
 
 std::unique_ptr<DeviceBuffer<int32_t>> Upload(const std::vector<int32_t>& host) {
@@ -204,10 +166,9 @@ int Main(int argc, char** argv) {
   DeviceBuffer<uint16_t> k_cache(static_cast<size_t>(kCacheSlots * kKvHeads * kDim));
   DeviceBuffer<uint16_t> v_cache(k_cache.size());
   DeviceBuffer<uint16_t> q(static_cast<size_t>(kChunk * kQStride));
-  FillRandomBf16<<<1024, 256, 0, g_stream>>>(k_cache.get(), static_cast<int64_t>(k_cache.size()), 1u);
-  FillRandomBf16<<<1024, 256, 0, g_stream>>>(v_cache.get(), static_cast<int64_t>(v_cache.size()), 2u);
-  FillRandomBf16<<<256, 256, 0, g_stream>>>(q.get(), static_cast<int64_t>(q.size()), 3u);
-  TS_CUDA_CHECK(cudaGetLastError());
+  bench::FillRandomBf16(k_cache.get(), static_cast<int64_t>(k_cache.size()), 1u, g_stream);
+  bench::FillRandomBf16(v_cache.get(), static_cast<int64_t>(v_cache.size()), 2u, g_stream);
+  bench::FillRandomBf16(q.get(), static_cast<int64_t>(q.size()), 3u, g_stream);
   TS_CUDA_CHECK(cudaDeviceSynchronize());
   const auto* kc = reinterpret_cast<const __nv_bfloat16*>(k_cache.get());
   const auto* vc = reinterpret_cast<const __nv_bfloat16*>(v_cache.get());
@@ -220,19 +181,19 @@ int Main(int argc, char** argv) {
   DeviceBuffer<uint16_t> out_ref(out.size());
   const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
 
-  auto params_for = [&](const Problem& pr, int splits, void* ws, uint16_t* dst) {
+  auto params_for = [&](const Lists& pr, int splits, void* ws, uint16_t* dst) {
     PrefillAttentionParams p;
     p.out = reinterpret_cast<__nv_bfloat16*>(dst);
     p.q = qp;
     p.q_row_stride = kQStride;
-    p.q_positions = pr.q_positions->get();
-    p.q_indptr = pr.q_indptr->get();
-    p.visible = pr.visible->get();
+    p.q_positions = pr.q_positions;
+    p.q_indptr = pr.q_indptr;
+    p.visible = pr.visible;
     p.k_cache = kc;
     p.v_cache = vc;
-    p.kv_indptr = pr.kv_indptr->get();
-    p.kv_indices = pr.slots->get();
-    p.kv_positions = pr.positions->get();
+    p.kv_indptr = pr.kv_indptr;
+    p.kv_indices = pr.slots;
+    p.kv_positions = pr.positions;
     p.inv_freq = inv_freq.get();
     p.workspace = ws;
     p.batch = 1;
@@ -267,8 +228,10 @@ int Main(int argc, char** argv) {
     // Check against the CUDA-core fallback.
     out.Poison();
     out_ref.Poison();
-    TS_CUDA_CHECK(PrefillAttention(params_for(*sets[0], splits, ws.get(), out.get()), g_stream));
-    TS_CUDA_CHECK(SimplePrefillAttention(params_for(*sets[0], 1, nullptr, out_ref.get()), g_stream));
+    TS_CUDA_CHECK(
+        PrefillAttention(params_for(sets[0]->lists(), splits, ws.get(), out.get()), g_stream));
+    TS_CUDA_CHECK(
+        SimplePrefillAttention(params_for(sets[0]->lists(), 1, nullptr, out_ref.get()), g_stream));
     TS_CUDA_CHECK(cudaDeviceSynchronize());
     const auto got = out.Download(), want = out_ref.Download();
     double err2 = 0.0, ref2 = 0.0;
@@ -284,9 +247,12 @@ int Main(int argc, char** argv) {
     std::printf("check: sparse list (%lld entries), tuned vs SimplePrefillAttention: rel L2 %.2e "
                 "-> %s\n", static_cast<long long>(kList), rel, ok ? "OK" : "FAILED");
     if (!ok) return 1;
-    const double ms = GraphMedianMs([&](int r) {
-      TS_CUDA_CHECK(PrefillAttention(params_for(*sets[r % 8], splits, ws.get(), out.get()), g_stream));
-    }, reps * 2);
+    const double ms = GraphMedianMs(
+        [&](int r) {
+          TS_CUDA_CHECK(PrefillAttention(
+              params_for(sets[r % 8]->lists(), splits, ws.get(), out.get()), g_stream));
+        },
+        reps * 2);
     const double flops = 4.0 * kDim * kHeads * sets[0]->visible_sum;
     char note[64];
     std::snprintf(note, sizeof(note), "%d split(s), graph", splits);
@@ -306,7 +272,7 @@ int Main(int argc, char** argv) {
     auto pr = MakeProblem(slots, positions, n, static_cast<int32_t>(n));
     const int splits = Splits(n + kChunk, num_sms);
     DeviceBuffer<char> ws(PrefillAttentionWorkspaceBytes(kChunk, kHeads, kDim, splits));
-    const auto p = params_for(*pr, splits, ws.get(), out.get());
+    const auto p = params_for(pr->lists(), splits, ws.get(), out.get());
     const int r = n >= (512 << 10) ? (quick ? 3 : 5) : reps;
     const double ms = MedianMs([&](int) { TS_CUDA_CHECK(PrefillAttention(p, g_stream)); }, r, 1);
     const double flops = 4.0 * kDim * kHeads * pr->visible_sum;
@@ -326,10 +292,8 @@ int Main(int argc, char** argv) {
               static_cast<long long>(kLocal), static_cast<long long>(kList));
   std::printf("%-10s %9s %9s %9s %9s %9s %10s %12s\n", "N", "selq ms", "select", "list",
               "attn", "sum", "step ms", "dense/step");
-  DeviceBuffer<float> sel_q(static_cast<size_t>(kHeads * kDim)), head_max(kHeads), head_inv(kHeads);
-  DeviceBuffer<char> score_ws(ScoreKeysWorkspaceBytes(kHeads));
-  score_ws.Zero();
-  DeviceBuffer<int32_t> topk(kTopK), list_slots(kList), list_pos(kList), vis(kChunk), qpos(kChunk);
+  DeviceBuffer<float> sel_q(static_cast<size_t>(kHeads * kDim));
+  DeviceBuffer<int32_t> list_slots(kList), list_pos(kList), vis(kChunk), qpos(kChunk);
   const std::vector<int32_t> q_indptr = {0, static_cast<int32_t>(kChunk)};
   const std::vector<int32_t> kv_indptr = {0, static_cast<int32_t>(kList)};
   DeviceBuffer<int32_t> d_q_indptr(q_indptr), d_kv_indptr(kv_indptr);
@@ -346,75 +310,34 @@ int Main(int argc, char** argv) {
       std::iota(c.begin(), c.end(), static_cast<int32_t>(s * n + kInit));
       cand_slots.push_back(std::make_unique<DeviceBuffer<int32_t>>(c));
     }
-    DeviceBuffer<float> logits(static_cast<size_t>(cands * kHeads)), vote(static_cast<size_t>(cands));
-    DeviceBuffer<char> topk_ws(TopKWorkspaceBytes(cands));
+    bench::ExactSelection sel(cands, kTopK, kHeads, kKvHeads, kDim);
+    sel.score.query = sel_q.get();
+    sel.score.k_cache = kc;
     auto selq = [&](int) {
       TS_CUDA_CHECK(BuildSelectionQuery(sel_q.get(), qp, kQStride, kChunk, kHeads, kDim, kLocal,
                                         inv_freq.get(), g_stream));
     };
     auto select = [&](int r) {
-      KeyScoreParams sp;
-      sp.logits = logits.get();
-      sp.head_max = head_max.get();
-      sp.head_inv_sum = head_inv.get();
-      sp.query = sel_q.get();
-      sp.k_cache = kc;
-      sp.slots = cand_slots[r % sets]->get();
-      sp.workspace = score_ws.get();
-      sp.n = cands;
-      sp.num_heads = kHeads;
-      sp.num_kv_heads = kKvHeads;
-      sp.head_dim = kDim;
-      sp.scale = 1.0f;
-      TS_CUDA_CHECK(ScoreKeys(sp, g_stream));
-      VoteParams vp;
-      vp.vote = vote.get();
-      vp.logits = logits.get();
-      vp.head_max = head_max.get();
-      vp.head_inv_sum = head_inv.get();
-      vp.n = cands;
-      vp.num_heads = kHeads;
-      TS_CUDA_CHECK(VoteFromLogits(vp, g_stream));
-      TopKParams tp;
-      tp.out = topk.get();
-      tp.scores = vote.get();
-      tp.workspace = topk_ws.get();
-      tp.n = cands;
-      tp.k = kTopK;
-      TS_CUDA_CHECK(TopK(tp, g_stream));
+      sel.score.slots = cand_slots[r % sets]->get();
+      TS_CUDA_CHECK(sel.Run(g_stream));
     };
     auto build = [&](int r) {
       BuildTokenSelectList<<<(kList + 255) / 256, 256, 0, g_stream>>>(
-          list_slots.get(), list_pos.get(), vis.get(), qpos.get(), topk.get(),
+          list_slots.get(), list_pos.get(), vis.get(), qpos.get(), sel.top.get(),
           cand_slots[r % sets]->get(), static_cast<int32_t>((r % sets) * n),
           static_cast<int32_t>(n), static_cast<int32_t>(kMaxN));
       TS_CUDA_CHECK(cudaGetLastError());
     };
+    const Lists step_lists = {d_q_indptr.get(),
+                              d_kv_indptr.get(),
+                              list_slots.get(),
+                              list_pos.get(),
+                              vis.get(),
+                              qpos.get(),
+                              kList};
     auto attend = [&](int) {
-      PrefillAttentionParams p;
-      p.out = reinterpret_cast<__nv_bfloat16*>(out.get());
-      p.q = qp;
-      p.q_row_stride = kQStride;
-      p.q_positions = qpos.get();
-      p.q_indptr = d_q_indptr.get();
-      p.visible = vis.get();
-      p.k_cache = kc;
-      p.v_cache = vc;
-      p.kv_indptr = d_kv_indptr.get();
-      p.kv_indices = list_slots.get();
-      p.kv_positions = list_pos.get();
-      p.inv_freq = inv_freq.get();
-      p.workspace = attn_ws.get();
-      p.batch = 1;
-      p.total_q = kChunk;
-      p.num_heads = kHeads;
-      p.num_kv_heads = kKvHeads;
-      p.head_dim = kDim;
-      p.max_q_len = kChunk;
-      p.max_kv_len = kList;
-      p.num_splits = step_splits;
-      p.scale = scale;
-      TS_CUDA_CHECK(PrefillAttention(p, g_stream));
+      TS_CUDA_CHECK(PrefillAttention(params_for(step_lists, step_splits, attn_ws.get(), out.get()),
+                                     g_stream));
     };
     auto step = [&](int r) {
       selq(r);

@@ -11,12 +11,13 @@
 // and prints GB/s against a device-to-device copy measured in the same run.
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <numeric>
+#include <functional>
 #include <random>
 #include <vector>
+
+#include "bench/cuda_bench_util.h"
 
 namespace {
 
@@ -26,14 +27,7 @@ constexpr int kRowBytes = 2048;            // 8 heads x 128 x bf16
 constexpr int kSliceBytes = kRowBytes / kHeads;
 constexpr int kThreads = 256;
 
-#define CHECK(x)                                                                  \
-  do {                                                                            \
-    cudaError_t e_ = (x);                                                         \
-    if (e_ != cudaSuccess) {                                                      \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));               \
-      return 1;                                                                   \
-    }                                                                             \
-  } while (0)
+using tokenselect::bench::DeviceBuffer;
 
 // Every thread loads 16-byte words and folds them into a per-block xor written at the end.
 __global__ void ReadRows(const uint4* __restrict__ data, const int32_t* __restrict__ slots,
@@ -65,47 +59,24 @@ __global__ void ReadSlices(const uint4* __restrict__ data, const int32_t* __rest
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
-template <typename Fn>
-float MedianMs(Fn&& fn) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> ms;
-  for (int i = 0; i < 25; ++i) {
-    cudaEventRecord(a);
-    fn();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float t = 0;
-    cudaEventElapsedTime(&t, a, b);
-    if (i >= 5) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms[ms.size() / 2];
+// Median of 20 timed runs after 5 warm-ups, each waited for (default stream).
+float MedianMs(const std::function<void()>& fn) {
+  return static_cast<float>(
+      tokenselect::bench::MedianMs(nullptr, [&](int) { fn(); }, {20, 5, /*sync_each=*/true}));
 }
 
 int Main() {
   const size_t bytes = static_cast<size_t>(kTokens) * kRowBytes;  // 2 GiB
-  void *data = nullptr, *copy = nullptr;
-  unsigned* out = nullptr;
-  int32_t* slots = nullptr;
-  CHECK(cudaMalloc(&data, bytes));
-  CHECK(cudaMalloc(&copy, bytes));
-  CHECK(cudaMalloc(&out, 1 << 20));
-  CHECK(cudaMemset(data, 7, bytes));
-  std::vector<int32_t> pages(kTokens / 16);
-  std::iota(pages.begin(), pages.end(), 0);
-  std::shuffle(pages.begin(), pages.end(), std::mt19937(1));
-  std::vector<int32_t> host(kTokens);
-  for (int64_t t = 0; t < kTokens; ++t) host[t] = pages[t / 16] * 16 + static_cast<int32_t>(t % 16);
-  CHECK(cudaMalloc(&slots, kTokens * 4));
-  CHECK(cudaMemcpy(slots, host.data(), kTokens * 4, cudaMemcpyHostToDevice));
+  DeviceBuffer<char> data(bytes), copy(bytes);
+  DeviceBuffer<unsigned> out((1 << 20) / sizeof(unsigned));
+  TS_CUDA_CHECK(cudaMemset(data.get(), 7, bytes));
+  std::mt19937 rng(1);
+  DeviceBuffer<int32_t> slots(tokenselect::bench::PagedSlots(kTokens, 0, &rng));
   int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
 
-  const float copy_ms = MedianMs([&] { cudaMemcpyAsync(copy, data, bytes, cudaMemcpyDeviceToDevice); });
+  const float copy_ms = static_cast<float>(
+      tokenselect::bench::CopyMs(nullptr, copy.get(), data.get(), bytes, {20, 5, true}));
   const double copy_gbs = 2.0 * bytes / (copy_ms * 1e-3) / 1e9;
   std::printf("copy 2 GiB d2d: %.3f ms = %.0f GB/s (read + write)\n", copy_ms, copy_gbs);
   std::printf("%-12s %-10s %10s %10s %8s\n", "pattern", "blocks", "ms", "GB/s", "% copy");
@@ -118,18 +89,19 @@ int Main() {
       bool slice;
       const int32_t* slots;
     };
-    for (const Case& c : {Case{"rows", false, nullptr}, Case{"head-slice", true, nullptr},
-                          Case{"rows-paged", false, slots}, Case{"slice-paged", true, slots}}) {
+    for (const Case& c :
+         {Case{"rows", false, nullptr}, Case{"head-slice", true, nullptr},
+          Case{"rows-paged", false, slots.get()}, Case{"slice-paged", true, slots.get()}}) {
       const float ms = MedianMs([&] {
         if (c.slice) {
           ReadSlices<<<static_cast<unsigned>(blocks), kThreads>>>(
-              static_cast<const uint4*>(data), c.slots, slice_tokens, out);
+              reinterpret_cast<const uint4*>(data.get()), c.slots, slice_tokens, out.get());
         } else {
-          ReadRows<<<static_cast<unsigned>(blocks), kThreads>>>(static_cast<const uint4*>(data),
-                                                               c.slots, row_tokens, out);
+          ReadRows<<<static_cast<unsigned>(blocks), kThreads>>>(
+              reinterpret_cast<const uint4*>(data.get()), c.slots, row_tokens, out.get());
         }
       });
-      CHECK(cudaGetLastError());
+      TS_CUDA_CHECK(cudaGetLastError());
       const double gbs = bytes / (ms * 1e-3) / 1e9;
       std::printf("%-12s %-10lld %10.3f %10.0f %7.1f%%\n", c.name, static_cast<long long>(blocks),
                   ms, gbs, 100.0 * gbs / copy_gbs);

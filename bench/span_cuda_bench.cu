@@ -38,14 +38,14 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_bench_util.h"
 #include "kernels/cuda/selection.h"
 #include "kernels/cuda/span_scoring.h"
-#include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::kernels::cuda {
 namespace {
 
-using gpu_test::DeviceBuffer;
+using bench::DeviceBuffer;
 
 constexpr int64_t kHeads = 32;
 constexpr int64_t kKvHeads = 8;
@@ -92,59 +92,14 @@ __global__ void PlantKernel(__nv_bfloat16* keys, const int32_t* slots, const int
 }
 
 // Median ms of `reps` runs of fn, each after an L2 flush; with `graph`, fn is captured once and
-// replayed.
+// replayed. Either way fn runs once first (lazy initialisation in launchers, outside capture).
 double ColdMedianMs(const std::function<void()>& fn, bool graph, int reps = kReps) {
-  fn();  // lazy initialisation in launchers happens outside capture
+  const bench::TimingOptions cold = {reps, /*warmup=*/0, /*sync_each=*/false, g_flush};
+  const auto call = [&](int) { fn(); };
+  if (graph) return bench::GraphMedianMs(g_stream, call, /*inner=*/1, cold);
+  fn();
   TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  if (graph) {
-    TS_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
-    fn();
-    TS_CUDA_CHECK(cudaStreamEndCapture(g_stream, &g));
-    TS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-  }
-  std::vector<cudaEvent_t> start(reps), stop(reps);
-  for (int i = 0; i < reps; ++i) {
-    TS_CUDA_CHECK(cudaEventCreate(&start[i]));
-    TS_CUDA_CHECK(cudaEventCreate(&stop[i]));
-  }
-  for (int i = 0; i < reps; ++i) {
-    TS_CUDA_CHECK(cudaMemsetAsync(g_flush->get(), i & 0xff, g_flush->size(), g_stream));
-    TS_CUDA_CHECK(cudaEventRecord(start[i], g_stream));
-    if (graph) {
-      TS_CUDA_CHECK(cudaGraphLaunch(exec, g_stream));
-    } else {
-      fn();
-    }
-    TS_CUDA_CHECK(cudaEventRecord(stop[i], g_stream));
-  }
-  TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
-  std::vector<double> ms(reps);
-  for (int i = 0; i < reps; ++i) {
-    float t = 0.0f;
-    TS_CUDA_CHECK(cudaEventElapsedTime(&t, start[i], stop[i]));
-    ms[i] = t;
-    cudaEventDestroy(start[i]);
-    cudaEventDestroy(stop[i]);
-  }
-  if (graph) {
-    TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    TS_CUDA_CHECK(cudaGraphDestroy(g));
-  }
-  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
-  return ms[reps / 2];
-}
-
-// Slots of a request: pages of 16 consecutive slots in shuffled page order (a paged cache).
-std::vector<int32_t> PagedSlots(int64_t n, std::mt19937& rng) {
-  const int64_t pages = (n + 15) / 16;
-  std::vector<int32_t> order(static_cast<size_t>(pages));
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng);
-  std::vector<int32_t> slots(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) slots[t] = order[t / 16] * 16 + static_cast<int32_t>(t % 16);
-  return slots;
+  return bench::MedianMs(g_stream, call, cold);
 }
 
 struct HostIndex {
@@ -226,7 +181,7 @@ void Check(bool ok, const std::string& what) {
 void RunSize(int64_t n, double copy_gbps, bool profile, std::vector<Row>* rows) {
   std::mt19937 rng(static_cast<uint32_t>(n));
   const int64_t cands = n - kInit - kLocal;
-  const std::vector<int32_t> slots = PagedSlots(n, rng);
+  const std::vector<int32_t> slots = bench::PagedSlots(n, 0, &rng);
   const HostIndex ix = MakeIndex(n, rng);
   const int64_t num_spans = ix.num_spans();
   std::printf("\nN = %lld: %lld spans, %lld index vectors (%.2f per span, %.1f tokens per span)\n",
@@ -268,43 +223,12 @@ void RunSize(int64_t n, double copy_gbps, bool profile, std::vector<Row>* rows) 
   pr.n_local = kLocal;
   const int64_t cap = SelectionCapacity(pr);
 
-  // Exact soft vote buffers.
-  DeviceBuffer<float> logits(static_cast<size_t>(cands * kHeads)), hmax(kHeads), hinv(kHeads);
-  DeviceBuffer<float> votes(static_cast<size_t>(cands));
-  DeviceBuffer<char> score_ws(ScoreKeysWorkspaceBytes(kHeads));
-  score_ws.Zero();
-  DeviceBuffer<char> topk_ws(TopKWorkspaceBytes(cands));
-  DeviceBuffer<int32_t> exact_out(kK);
-  KeyScoreParams sp;
-  sp.logits = logits.get();
-  sp.head_max = hmax.get();
-  sp.head_inv_sum = hinv.get();
-  sp.query = d_query.get();
-  sp.k_cache = keys.get();
-  sp.slots = d_slots.get() + kInit;
-  sp.workspace = score_ws.get();
-  sp.n = cands;
-  sp.num_heads = kHeads;
-  sp.num_kv_heads = kKvHeads;
-  sp.head_dim = kDim;
-  VoteParams vp;
-  vp.vote = votes.get();
-  vp.logits = logits.get();
-  vp.head_max = hmax.get();
-  vp.head_inv_sum = hinv.get();
-  vp.n = cands;
-  vp.num_heads = kHeads;
-  TopKParams tp;
-  tp.out = exact_out.get();
-  tp.scores = votes.get();
-  tp.workspace = topk_ws.get();
-  tp.n = cands;
-  tp.k = kK;
-  auto exact = [&] {
-    TS_CUDA_CHECK(ScoreKeys(sp, g_stream));
-    TS_CUDA_CHECK(VoteFromLogits(vp, g_stream));
-    TS_CUDA_CHECK(TopK(tp, g_stream));
-  };
+  // The exact soft vote over the candidates [kInit, n - kLocal).
+  bench::ExactSelection sel(cands, kK, kHeads, kKvHeads, kDim);
+  sel.score.query = d_query.get();
+  sel.score.k_cache = keys.get();
+  sel.score.slots = d_slots.get() + kInit;
+  auto exact = [&] { TS_CUDA_CHECK(sel.Run(g_stream)); };
 
   // Span select buffers.
   const int64_t max_kept = SpanMaxKept(ix.begin.data(), ix.end.data(), ix.indptr.data(),
@@ -445,8 +369,9 @@ void RunSize(int64_t n, double copy_gbps, bool profile, std::vector<Row>* rows) 
     TS_CUDA_CHECK(InfLlmSelect(is, g_stream));
     TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
     const std::string tag = "N=" + std::to_string(n) + " " + key_set + ": ";
-    std::vector<int32_t> exact_picks = exact_out.Download();
-    Check(exact_picks == HostTopK(votes.Download(), kK), tag + "exact top-k = host top-k of votes");
+    std::vector<int32_t> exact_picks = sel.top.Download();
+    Check(exact_picks == HostTopK(sel.vote.Download(), kK),
+          tag + "exact top-k = host top-k of votes");
     for (int32_t& t : exact_picks) t += static_cast<int32_t>(kInit);
 
     const std::vector<float> scores = span_scores.Download();
@@ -554,11 +479,11 @@ void RunSize(int64_t n, double copy_gbps, bool profile, std::vector<Row>* rows) 
       no_walk.token_budget = 0;
       add("  span part: scores+sort", [&] { TS_CUDA_CHECK(SpanSelect(no_walk, g_stream)); },
           scored_vectors * kRowBytes, -1.0);
-      KeyScoreParams sp8 = sp;
+      KeyScoreParams sp8 = sel.score;
       sp8.n = kBudget;
-      VoteParams vp8 = vp;
+      VoteParams vp8 = sel.soft_vote;
       vp8.n = kBudget;
-      TopKParams tp8 = tp;
+      TopKParams tp8 = sel.top_k;
       tp8.n = kBudget;
       add("  soft vote alone over 8192 rows", [&] {
             TS_CUDA_CHECK(ScoreKeys(sp8, g_stream));
@@ -595,10 +520,9 @@ int Main(int argc, char** argv) {
     const size_t bytes = size_t{1} << 30;
     DeviceBuffer<char> a(bytes), b(bytes);
     a.Zero();
-    const double ms = ColdMedianMs(
-        [&] { TS_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, g_stream)); },
-        false, 10);
-    copy_gbps = 2.0 * bytes / ms / 1e6;
+    const double ms = bench::CopyMs(g_stream, b.get(), a.get(), bytes,
+                                    {10, /*warmup=*/1, /*sync_each=*/false, g_flush});
+    copy_gbps = bench::CopyGBs(bytes, ms);
     std::printf("copy 1 GiB device-to-device: %.4f ms, %.1f GB/s (read + write)\n", ms, copy_gbps);
   }
   std::vector<Row> rows;

@@ -18,11 +18,12 @@ issue-6 target checks: each ratio from rows of this one run.
 Usage: python3 bench/torch_peers.py [--quick] [--ours LOG]
 """
 import re
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+
+import torch_timing
 
 H, HKV, D = 32, 8, 128
 QUICK = "--quick" in sys.argv
@@ -30,16 +31,7 @@ REPS = 10 if QUICK else 50
 
 
 def median_ms(fn, reps=REPS, warmup=5):
-    for i in range(warmup):
-        fn(i)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        starts[i].record()
-        fn(i)
-        stops[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, stops))
+    return torch_timing.median_ms(fn, reps, warmup)
 
 
 def sdpa_backend_ctx():

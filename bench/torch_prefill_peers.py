@@ -21,11 +21,12 @@ With --ours CSV (bench_prefill_cuda --csv; may repeat), prints the final compari
 with ratios.
 Usage: python3 bench/torch_prefill_peers.py [--quick] [--ours PATH]...
 """
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+
+import torch_timing
 
 H, HKV, D, C = 32, 8, 128, 512
 G = H // HKV
@@ -38,16 +39,7 @@ THETA = 500000.0
 
 
 def median_ms(fn, reps=REPS, warmup=3):
-    for i in range(warmup):
-        fn(i)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        starts[i].record()
-        fn(i)
-        stops[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, stops))
+    return torch_timing.median_ms(fn, reps, warmup)
 
 
 def rope_cos_sin(positions):

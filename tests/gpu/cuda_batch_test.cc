@@ -17,19 +17,10 @@
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model_presets.h"
 #include "engine/selection/cuda_selection.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::engine {
 namespace {
-
-double RelativeL2(const float* got, const float* ref, int64_t n) {
-  double err2 = 0, ref2 = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    err2 += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    ref2 += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(err2 / ref2);
-}
 
 int32_t Argmax(const float* v, int64_t n) {
   return static_cast<int32_t>(std::max_element(v, v + n) - v);
@@ -146,7 +137,7 @@ TEST_F(CudaBatchTest, DecodeBatchMatchesOneSequenceAtATime) {
                                     single_sel[b].get(), &logits)
                         .ok());
         const float* row = batch_logits.data() + b * config_.vocab_size;
-        const double rel = RelativeL2(row, logits.data(), config_.vocab_size);
+        const double rel = gpu_test::RelativeL2(row, logits.data(), config_.vocab_size);
         worst = std::max(worst, rel);
         EXPECT_LE(rel, 1e-2) << "step " << step << " row " << b;
         EXPECT_EQ((*greedy)[b], Argmax(row, config_.vocab_size));

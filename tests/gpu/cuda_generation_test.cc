@@ -38,20 +38,11 @@
 #include "engine/model/model_presets.h"
 #include "engine/selection/cuda_selection.h"
 #include "engine/selection/selection_attention.h"
+#include "tests/gpu/gpu_test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tokenselect::engine {
 namespace {
-
-double RelativeL2(const std::vector<float>& got, const std::vector<float>& ref) {
-  double err2 = 0, ref2 = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    err2 += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    ref2 += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(err2 / ref2);
-}
 
 std::vector<int32_t> Prompt(int64_t n, int64_t salt, int64_t vocab) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -150,7 +141,8 @@ TEST_P(CudaGenerationTest, ChunkedPrefillLogitsMatchTheCpu) {
         request.logits = last ? LogitsRows::kLast : LogitsRows::kNone;
         ASSERT_TRUE(cpu_->Forward(request, &ws, &cpu_logits).ok());
       }
-      const double rel = RelativeL2(gpu_logits, cpu_logits);
+      const double rel =
+          gpu_test::RelativeL2(gpu_logits.data(), cpu_logits.data(), cpu_logits.size());
       EXPECT_LE(rel, 2e-2) << PolicyName(policy) << " n=" << n;
       worst = std::max(worst, rel);
     }

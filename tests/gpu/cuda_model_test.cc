@@ -32,20 +32,10 @@
 #include "engine/model/model.h"
 #include "engine/model/model_presets.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::engine {
 namespace {
-
-double RelativeL2(const std::vector<float>& got, const std::vector<float>& ref) {
-  double err2 = 0.0, ref2 = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(got[i])) return INFINITY;
-    const double d = static_cast<double>(got[i]) - ref[i];
-    err2 += d * d;
-    ref2 += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(err2 / ref2);
-}
 
 int32_t CpuArgmax(const std::vector<float>& logits) {
   int32_t best = 0;
@@ -120,8 +110,10 @@ TEST_P(CudaModelTest, TracksTheCpuForwardTeacherForced) {
       request.table = &table_f;
       ASSERT_TRUE((*fp32)->Forward(request, &ws_f, &fp32_logits).ok());
       ASSERT_TRUE((*gpu)->Forward(tokens, &gpu_logits).ok());
-      rel_oracle.push_back(RelativeL2(gpu_logits, oracle_logits));
-      worst_fp32 = std::max(worst_fp32, RelativeL2(gpu_logits, fp32_logits));
+      rel_oracle.push_back(
+          gpu_test::RelativeL2(gpu_logits.data(), oracle_logits.data(), oracle_logits.size()));
+      worst_fp32 = std::max(worst_fp32, gpu_test::RelativeL2(gpu_logits.data(), fp32_logits.data(),
+                                                             fp32_logits.size()));
       const int32_t want = CpuArgmax(oracle_logits);
       auto got = (*gpu)->GreedyToken();
       ASSERT_TRUE(got.ok()) << got.status();
@@ -183,7 +175,8 @@ TEST_P(CudaModelTest, QuietModelMatchesTheFp32Cpu) {
     request.table = &table;
     ASSERT_TRUE((*cpu)->Forward(request, &ws, &cpu_logits).ok());
     ASSERT_TRUE((*gpu)->Forward(tokens, &gpu_logits).ok());
-    const double rel = RelativeL2(gpu_logits, cpu_logits);
+    const double rel =
+        gpu_test::RelativeL2(gpu_logits.data(), cpu_logits.data(), cpu_logits.size());
     worst = std::max(worst, rel);
     EXPECT_LE(rel, 2e-2) << "step " << step;
     const int32_t want = CpuArgmax(cpu_logits);

@@ -22,38 +22,16 @@
 #include "engine/selection/selection_policy.h"
 #include "engine/selection/selection_query.h"
 #include "kernels/ops.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::engine {
 namespace {
 
-float RoundBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  std::memcpy(&f, &u, sizeof(u));
-  return f;
-}
+using gpu_test::DeviceBuffer;
+using gpu_test::RoundBf16;
 
-template <typename T>
-T* Upload(const std::vector<T>& host) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, host.size()) * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return static_cast<T*>(p);
-}
-
-std::vector<int32_t> Download(const int32_t* p, int64_t n) {
-  std::vector<int32_t> out(static_cast<size_t>(n));
-  EXPECT_EQ(cudaMemcpy(out.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  return out;
-}
-
-std::vector<__nv_bfloat16> ToBf16(const std::vector<float>& v) {
-  std::vector<__nv_bfloat16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
-  return out;
+const __nv_bfloat16* AsBf16(const DeviceBuffer<uint16_t>& bits) {
+  return reinterpret_cast<const __nv_bfloat16*>(bits.get());
 }
 
 struct Shape {
@@ -83,46 +61,38 @@ class CudaSelectionTest : public ::testing::TestWithParam<Shape> {
     kernels::RopeParams rope;
     rope.head_dim = s.head_dim;
     inv_freq_ = kernels::RopeInverseFrequencies(rope);
-    d_k_ = Upload(ToBf16(k_));
-    d_slots_ = Upload(slots_);
-    d_iota_ = Upload(iota_);
-    d_inv_freq_ = Upload(inv_freq_);
-  }
-  void TearDown() override {
-    for (void* p : {static_cast<void*>(d_k_), static_cast<void*>(d_slots_),
-                    static_cast<void*>(d_iota_), static_cast<void*>(d_inv_freq_),
-                    static_cast<void*>(d_q_)}) {
-      if (p != nullptr) cudaFree(p);
-    }
+    d_k_ = DeviceBuffer<uint16_t>(gpu_test::ToBf16Bits(k_));
+    d_slots_ = DeviceBuffer<int32_t>(slots_);
+    d_iota_ = DeviceBuffer<int32_t>(iota_);
+    d_inv_freq_ = DeviceBuffer<float>(inv_freq_);
   }
 
   // Runs the GPU provider for `num_new` query rows after `cached` tokens; returns the list.
   AttentionList RunGpu(CudaSelectionAttention* provider, int64_t layer, int64_t cached,
                        const std::vector<float>& q, int64_t num_new) {
-    if (d_q_ != nullptr) cudaFree(d_q_);
-    d_q_ = Upload(ToBf16(q));
+    d_q_ = DeviceBuffer<uint16_t>(gpu_test::ToBf16Bits(q));
     CudaAttentionQuery query;
     query.layer = layer;
     query.cache_length = cached;
     query.num_new = num_new;
-    query.q = d_q_;
+    query.q = AsBf16(d_q_);
     query.q_row_stride = config_.num_heads * config_.head_dim;
-    query.k_cache = d_k_;
-    query.token_slots = d_slots_;
-    query.iota = d_iota_;
-    query.inv_freq = d_inv_freq_;
+    query.k_cache = AsBf16(d_k_);
+    query.token_slots = d_slots_.get();
+    query.iota = d_iota_.get();
+    query.inv_freq = d_inv_freq_.get();
     query.config = &config_;
     CudaAttentionList list;
     const absl::Status st = provider->Select(query, &list);
     EXPECT_TRUE(st.ok()) << st;
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<int32_t> indptr = Download(list.kv_indptr, 2);
+    const std::vector<int32_t> indptr = gpu_test::DownloadFrom(list.kv_indptr, 2);
     EXPECT_LE(indptr[1], list.max_kv_len);
     AttentionList out;
-    out.kv_slots = Download(list.kv_indices, indptr[1]);
-    out.kv_positions = Download(list.kv_positions, indptr[1]);
-    out.q_positions = Download(list.q_positions, num_new);
-    out.visible = Download(list.visible, num_new);
+    out.kv_slots = gpu_test::DownloadFrom(list.kv_indices, indptr[1]);
+    out.kv_positions = gpu_test::DownloadFrom(list.kv_positions, indptr[1]);
+    out.q_positions = gpu_test::DownloadFrom(list.q_positions, num_new);
+    out.visible = gpu_test::DownloadFrom(list.visible, num_new);
     return out;
   }
 
@@ -165,11 +135,9 @@ class CudaSelectionTest : public ::testing::TestWithParam<Shape> {
   int64_t num_slots_ = 0;
   std::vector<int32_t> slots_, iota_;
   std::vector<float> k_, inv_freq_;
-  __nv_bfloat16* d_k_ = nullptr;
-  int32_t* d_slots_ = nullptr;
-  int32_t* d_iota_ = nullptr;
-  float* d_inv_freq_ = nullptr;
-  __nv_bfloat16* d_q_ = nullptr;
+  DeviceBuffer<uint16_t> d_k_, d_q_;  // bf16 bits
+  DeviceBuffer<int32_t> d_slots_, d_iota_;
+  DeviceBuffer<float> d_inv_freq_;
 };
 
 TEST_P(CudaSelectionTest, PrefillChunkListsMatchTheCpuPolicy) {

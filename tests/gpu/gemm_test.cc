@@ -28,17 +28,6 @@ struct GemmCase {
 
 class GemmGpuTest : public ::testing::TestWithParam<GemmCase> {};
 
-double RelativeL2(const std::vector<float>& got, const std::vector<float>& ref) {
-  double err2 = 0.0, ref2 = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(got[i])) return INFINITY;
-    const double d = static_cast<double>(got[i]) - ref[i];
-    err2 += d * d;
-    ref2 += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(err2 / ref2);
-}
-
 TEST_P(GemmGpuTest, MatchesCpuLinear) {
   const GemmCase c = GetParam();
   std::mt19937 rng(std::random_device{}());
@@ -98,7 +87,7 @@ TEST_P(GemmGpuTest, MatchesCpuLinear) {
       const std::vector<uint16_t> bits = d_y16.Download();
       for (size_t i = 0; i < bits.size(); ++i) got[i] = gpu_test::Bf16BitsToFloat(bits[i]);
     }
-    const double rel = RelativeL2(got, ref);
+    const double rel = gpu_test::RelativeL2(got.data(), ref.data(), ref.size());
     EXPECT_LE(rel, fp32_out ? 1e-4 : 5e-3);
     std::printf("m=%lld k=%lld n=%lld variant=%d rel_l2=%.3g\n", static_cast<long long>(c.m),
                 static_cast<long long>(c.k), static_cast<long long>(c.n), variant, rel);

@@ -1,14 +1,18 @@
-// Small helpers shared by the GPU tests and the CUDA kernel benchmark: host bf16 rounding, an
-// owning device buffer, and NaN poisoning.
+// Small helpers shared by the GPU tests and the CUDA benchmarks (bench/cuda_bench_util.h): host
+// bf16 rounding, an owning device buffer with NaN poisoning, and the error measures the tests
+// compare GPU outputs with (relative L2, bf16 outputs against an fp32 reference).
 #ifndef TOKENSELECT_TESTS_GPU_GPU_TEST_UTIL_H_
 #define TOKENSELECT_TESTS_GPU_GPU_TEST_UTIL_H_
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace tokenselect::gpu_test {
@@ -39,15 +43,59 @@ inline float Bf16BitsToFloat(uint16_t b) {
   return f;
 }
 
-// Rounds every value to bf16 in place and returns the bf16 bits.
-inline std::vector<uint16_t> RoundToBf16(std::vector<float>* values) {
-  std::vector<uint16_t> bits(values->size());
-  for (size_t i = 0; i < values->size(); ++i) {
-    bits[i] = FloatToBf16Bits((*values)[i]);
-    (*values)[i] = Bf16BitsToFloat(bits[i]);
-  }
+// f rounded to the nearest bf16 (ties to even), as a float.
+inline float RoundBf16(float f) { return Bf16BitsToFloat(FloatToBf16Bits(f)); }
+
+// The bf16 bits of every value.
+inline std::vector<uint16_t> ToBf16Bits(const std::vector<float>& values) {
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i) bits[i] = FloatToBf16Bits(values[i]);
   return bits;
 }
+
+// Rounds every value to bf16 in place and returns the bf16 bits.
+inline std::vector<uint16_t> RoundToBf16(std::vector<float>* values) {
+  std::vector<uint16_t> bits = ToBf16Bits(*values);
+  for (size_t i = 0; i < values->size(); ++i) (*values)[i] = Bf16BitsToFloat(bits[i]);
+  return bits;
+}
+
+// ||got - ref|| / ||ref|| over n values, in double; infinity when any got[i] is not finite.
+inline double RelativeL2(const float* got, const float* ref, int64_t n) {
+  double err2 = 0, ref2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    err2 += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    ref2 += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(err2 / ref2);
+}
+
+// bf16 outputs against an fp32 reference, accumulated over ranges with Add.
+struct Bf16Error {
+  double err2 = 0.0, ref2 = 0.0;        // sum of (got - ref)^2, sum of ref^2
+  double max_err = 0.0, max_ref = 0.0;  // max |got - ref|, max |ref|
+  int64_t nonzero = 0;                  // outputs != 0
+  int64_t first_nan = -1;               // first NaN output (unwritten: poisoned), or -1
+
+  // Adds got_bits[i] against ref[i] for i in [begin, end).
+  void Add(const uint16_t* got_bits, const float* ref, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float got = Bf16BitsToFloat(got_bits[i]);
+      if (std::isnan(got)) {
+        if (first_nan < 0) first_nan = i;
+        continue;
+      }
+      nonzero += got != 0.0f;
+      const double diff = static_cast<double>(got) - ref[i];
+      err2 += diff * diff;
+      ref2 += static_cast<double>(ref[i]) * ref[i];
+      max_err = std::max(max_err, std::fabs(diff));
+      max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+    }
+  }
+  double relative_l2() const { return std::sqrt(err2 / ref2); }
+};
 
 template <typename T>
 class DeviceBuffer {
@@ -64,6 +112,15 @@ class DeviceBuffer {
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), count_(other.count_) {
+    other.ptr_ = nullptr;
+    other.count_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(ptr_, other.ptr_);
+    std::swap(count_, other.count_);
+    return *this;
+  }
 
   T* get() const { return ptr_; }
   size_t size() const { return count_; }
@@ -91,6 +148,16 @@ class DeviceBuffer {
   T* ptr_ = nullptr;
   size_t count_ = 0;
 };
+
+// Copies n values from device memory the caller does not own as a DeviceBuffer.
+template <typename T>
+std::vector<T> DownloadFrom(const T* device, int64_t n) {
+  std::vector<T> host(static_cast<size_t>(n));
+  if (n > 0) {
+    TS_CUDA_CHECK(cudaMemcpy(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost));
+  }
+  return host;
+}
 
 }  // namespace tokenselect::gpu_test
 

@@ -25,6 +25,7 @@
 #include "engine/generation/cuda_backend.h"
 #include "engine/generation/demo_checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::engine {
 namespace {
@@ -35,16 +36,6 @@ std::vector<float> ReadFloats(const std::string& path) {
   std::vector<float> out(bytes.size() / sizeof(float));
   std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
   return out;
-}
-
-double RelativeL2(const std::vector<float>& got, const float* ref) {
-  double err2 = 0, ref2 = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    err2 += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    ref2 += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(err2 / ref2);
 }
 
 bool Exists(const std::string& path) { return std::ifstream(path).good(); }
@@ -91,7 +82,8 @@ Summary Compare(const std::string& golden_dir, DummyInit init) {
         model.Reset();
         EXPECT_TRUE(model.Forward(absl::MakeConstSpan(ids).subspan(0, p + 1), &logits).ok());
         EXPECT_LE(static_cast<size_t>((row + 1) * vocab), hf_rows.size());
-        const double rel = RelativeL2(logits, hf_rows.data() + row * vocab);
+        const double rel =
+            gpu_test::RelativeL2(logits.data(), hf_rows.data() + row * vocab, logits.size());
         rels.push_back(rel);
         ++row;
       }

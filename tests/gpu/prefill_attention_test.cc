@@ -219,33 +219,27 @@ TEST_P(PrefillAttentionGpuTest, MatchesCpuGatherAttention) {
     const int64_t per_row = c.num_heads * d;
     double worst_rel = 0.0;
     for (int64_t b = 0; b < batch; ++b) {
-      double err2 = 0.0, ref2 = 0.0, max_err = 0.0, max_ref = 0.0;
+      gpu_test::Bf16Error e;
       int64_t zero_rows = 0, nonzero_in_zero_rows = 0;
       for (int64_t row = q_indptr[b]; row < q_indptr[b + 1]; ++row) {
         const bool empty = visible[row] <= 0;
         zero_rows += empty;
-        for (int64_t k = row * per_row; k < (row + 1) * per_row; ++k) {
-          const float got = gpu_test::Bf16BitsToFloat(out_bits[k]);
-          ASSERT_FALSE(std::isnan(got)) << "unwritten or NaN output, request " << b << " row "
-                                        << row << " element " << k - row * per_row;
-          if (empty && got != 0.0f) ++nonzero_in_zero_rows;
-          const double diff = static_cast<double>(got) - ref[k];
-          err2 += diff * diff;
-          ref2 += static_cast<double>(ref[k]) * ref[k];
-          max_err = std::max(max_err, std::fabs(diff));
-          max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[k])));
-        }
+        const int64_t nonzero_before = e.nonzero;
+        e.Add(out_bits.data(), ref.data(), row * per_row, (row + 1) * per_row);
+        ASSERT_EQ(e.first_nan, -1) << "unwritten or NaN output, request " << b << " row " << row
+                                   << " element " << e.first_nan - row * per_row;
+        if (empty) nonzero_in_zero_rows += e.nonzero - nonzero_before;
       }
       EXPECT_EQ(nonzero_in_zero_rows, 0) << "rows with visible == 0 must be zeros, request " << b;
-      if (ref2 == 0.0) {
-        EXPECT_EQ(max_err, 0.0) << "request " << b;
+      if (e.ref2 == 0.0) {
+        EXPECT_EQ(e.max_err, 0.0) << "request " << b;
         continue;
       }
-      worst_rel = std::max(worst_rel, std::sqrt(err2 / ref2));
-      EXPECT_LE(std::sqrt(err2 / ref2), 8e-3)
+      worst_rel = std::max(worst_rel, e.relative_l2());
+      EXPECT_LE(e.relative_l2(), 8e-3)
           << "request " << b << " q_len " << c.requests[b].q_len << " list "
           << kv_indptr[b + 1] - kv_indptr[b] << " (" << zero_rows << " empty rows)";
-      EXPECT_LE(max_err, 3e-2 * max_ref) << "request " << b;
+      EXPECT_LE(e.max_err, 3e-2 * e.max_ref) << "request " << b;
     }
     std::printf("  %s %s splits=%d: worst request rel L2 %.2e\n", c.name.c_str(),
                 splits == 0 ? "simple" : "tuned", splits, worst_rel);

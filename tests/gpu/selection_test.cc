@@ -37,6 +37,42 @@ namespace {
 
 using gpu_test::DeviceBuffer;
 
+// The soft vote's device buffers over n candidates and the ScoreKeys / VoteFromLogits params
+// that write them; the keys (bf16 bits), query and slots are the test's.
+struct SoftVoteBuffers {
+  SoftVoteBuffers(int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                  const float* query, const uint16_t* keys, const int32_t* slots)
+      : logits(static_cast<size_t>(n * num_heads)),
+        head_max(static_cast<size_t>(num_heads)),
+        inv_sum(static_cast<size_t>(num_heads)),
+        vote(static_cast<size_t>(n)),
+        score_ws(ScoreKeysWorkspaceBytes(num_heads)) {
+    score_ws.Zero();
+    sp.logits = logits.get();
+    sp.head_max = head_max.get();
+    sp.head_inv_sum = inv_sum.get();
+    sp.query = query;
+    sp.k_cache = reinterpret_cast<const __nv_bfloat16*>(keys);
+    sp.slots = slots;
+    sp.workspace = score_ws.get();
+    sp.n = n;
+    sp.num_heads = num_heads;
+    sp.num_kv_heads = num_kv_heads;
+    sp.head_dim = head_dim;
+    vp.vote = vote.get();
+    vp.logits = logits.get();
+    vp.head_max = head_max.get();
+    vp.head_inv_sum = inv_sum.get();
+    vp.n = n;
+    vp.num_heads = num_heads;
+  }
+
+  DeviceBuffer<float> logits, head_max, inv_sum, vote;
+  DeviceBuffer<char> score_ws;
+  KeyScoreParams sp;
+  VoteParams vp;
+};
+
 struct ScoreCase {
   int64_t n;
   int64_t num_heads;
@@ -92,13 +128,13 @@ TEST_P(SelectionGpuTest, ScoreVoteTopKMatchCpu) {
   DeviceBuffer<uint16_t> d_keys(key_bits);
   DeviceBuffer<float> d_query(query);
   DeviceBuffer<int32_t> d_slots(slots);
-  DeviceBuffer<float> d_logits(static_cast<size_t>(c.n * c.num_heads));
-  DeviceBuffer<float> d_max(static_cast<size_t>(c.num_heads));
-  DeviceBuffer<float> d_inv_sum(static_cast<size_t>(c.num_heads));
-  DeviceBuffer<float> d_vote(static_cast<size_t>(c.n));
+  SoftVoteBuffers sv(c.n, c.num_heads, c.num_kv_heads, c.head_dim, d_query.get(), d_keys.get(),
+                     d_slots.get());
+  DeviceBuffer<float>& d_logits = sv.logits;
+  DeviceBuffer<float>& d_max = sv.head_max;
+  DeviceBuffer<float>& d_inv_sum = sv.inv_sum;
+  DeviceBuffer<float>& d_vote = sv.vote;
   DeviceBuffer<float> d_sum(static_cast<size_t>(c.n));
-  DeviceBuffer<char> d_score_ws(ScoreKeysWorkspaceBytes(c.num_heads));
-  d_score_ws.Zero();
   const int64_t k = std::min(c.k, c.n);
   DeviceBuffer<int32_t> d_topk(static_cast<size_t>(std::max<int64_t>(k, 1)));
   DeviceBuffer<char> d_topk_ws(TopKWorkspaceBytes(c.n));
@@ -106,30 +142,13 @@ TEST_P(SelectionGpuTest, ScoreVoteTopKMatchCpu) {
   for (auto* b : {&d_logits, &d_max, &d_inv_sum, &d_vote, &d_sum}) b->Poison();
   d_topk.Poison();
 
-  KeyScoreParams sp;
-  sp.logits = d_logits.get();
-  sp.head_max = d_max.get();
-  sp.head_inv_sum = d_inv_sum.get();
-  sp.query = d_query.get();
-  sp.k_cache = reinterpret_cast<const __nv_bfloat16*>(d_keys.get());
-  sp.slots = d_slots.get();
-  sp.workspace = d_score_ws.get();
-  sp.n = c.n;
-  sp.num_heads = c.num_heads;
-  sp.num_kv_heads = c.num_kv_heads;
-  sp.head_dim = c.head_dim;
+  KeyScoreParams sp = sv.sp;
   sp.scale = scale;
   // Twice: the workspace's completion counter must be left ready for the next launch.
   for (int rep = 0; rep < 2; ++rep) {
     ASSERT_EQ(ScoreKeys(sp, nullptr), cudaSuccess);
   }
-  VoteParams vp;
-  vp.vote = d_vote.get();
-  vp.logits = d_logits.get();
-  vp.head_max = d_max.get();
-  vp.head_inv_sum = d_inv_sum.get();
-  vp.n = c.n;
-  vp.num_heads = c.num_heads;
+  VoteParams vp = sv.vp;
   ASSERT_EQ(VoteFromLogits(vp, nullptr), cudaSuccess);
   vp.vote = d_sum.get();
   vp.mode = VoteMode::kSumLogits;
@@ -378,34 +397,20 @@ TEST(SelectionCacheGpuTest, SkipFlagsAndCachedChain) {
   DeviceBuffer<uint16_t> d_keys(key_bits);
   DeviceBuffer<int32_t> d_slots(slots);
   DeviceBuffer<float> d_query(static_cast<size_t>(dim)), d_cached(static_cast<size_t>(dim));
-  DeviceBuffer<float> d_logits(static_cast<size_t>(n * num_heads)), d_max(num_heads);
-  DeviceBuffer<float> d_inv(num_heads), d_vote(static_cast<size_t>(n));
-  DeviceBuffer<char> d_score_ws(ScoreKeysWorkspaceBytes(num_heads));
+  SoftVoteBuffers sv(n, num_heads, num_kv_heads, head_dim, d_query.get(), d_keys.get(),
+                     d_slots.get());
+  DeviceBuffer<float>& d_logits = sv.logits;
+  DeviceBuffer<float>& d_max = sv.head_max;
+  DeviceBuffer<float>& d_inv = sv.inv_sum;
+  DeviceBuffer<float>& d_vote = sv.vote;
+  DeviceBuffer<char>& d_score_ws = sv.score_ws;
   DeviceBuffer<char> d_topk_ws(TopKWorkspaceBytes(n));
   DeviceBuffer<int32_t> d_topk(static_cast<size_t>(k)), d_ref_topk(static_cast<size_t>(k));
   DeviceBuffer<int32_t> d_valid(1), d_hit(1), d_flag(1);
-  d_score_ws.Zero();
   d_valid.Zero();
 
-  KeyScoreParams sp;
-  sp.logits = d_logits.get();
-  sp.head_max = d_max.get();
-  sp.head_inv_sum = d_inv.get();
-  sp.query = d_query.get();
-  sp.k_cache = reinterpret_cast<const __nv_bfloat16*>(d_keys.get());
-  sp.slots = d_slots.get();
-  sp.workspace = d_score_ws.get();
-  sp.n = n;
-  sp.num_heads = num_heads;
-  sp.num_kv_heads = num_kv_heads;
-  sp.head_dim = head_dim;
-  VoteParams vp;
-  vp.vote = d_vote.get();
-  vp.logits = d_logits.get();
-  vp.head_max = d_max.get();
-  vp.head_inv_sum = d_inv.get();
-  vp.n = n;
-  vp.num_heads = num_heads;
+  const KeyScoreParams& sp = sv.sp;
+  const VoteParams& vp = sv.vp;
   TopKParams tp;
   tp.scores = d_vote.get();
   tp.workspace = d_topk_ws.get();

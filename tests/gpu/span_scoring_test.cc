@@ -173,6 +173,25 @@ std::pair<double, double> HeadMaxSum(const Problem& p, const std::vector<int32_t
   return {total, magnitude};
 }
 
+// The output buffers of one Quest or InfLLM selection, all poisoned so that an unwritten entry
+// shows: selected tokens (3 entries past the capacity), their count, one score per page or
+// block, and the workspace (which the kernels must initialise themselves).
+struct PoisonedSelection {
+  PoisonedSelection(int64_t capacity, int64_t units, size_t workspace_bytes)
+      : tokens(static_cast<size_t>(capacity + 3)),
+        count(1),
+        scores(static_cast<size_t>(std::max<int64_t>(units, 1))),
+        workspace(workspace_bytes) {
+    workspace.Poison();
+    tokens.Poison();
+    count.Poison();
+    scores.Poison();
+  }
+  DeviceBuffer<int32_t> tokens, count;
+  DeviceBuffer<float> scores;
+  DeviceBuffer<char> workspace;
+};
+
 bool ScoreClose(float got, double ref, double magnitude) {
   return std::fabs(got - ref) <= 2e-5 * magnitude + 1e-5;
 }
@@ -553,13 +572,10 @@ TEST_P(QuestGpuTest, MatchesCpuPolicy) {
   bp.page_size = c.page_size;
   ASSERT_EQ(QuestBuildPageBounds(bp, nullptr), cudaSuccess);
   const int64_t cap = SelectionCapacity(view);
-  DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(cap + 3)), d_count(1);
-  DeviceBuffer<float> d_scores(static_cast<size_t>(std::max<int64_t>(pages, 1)));
-  DeviceBuffer<char> d_ws(QuestSelectWorkspaceBytes(pages, c.k, c.page_size));
-  d_ws.Poison();
-  d_tokens.Poison();
-  d_count.Poison();
-  d_scores.Poison();
+  PoisonedSelection out(cap, pages, QuestSelectWorkspaceBytes(pages, c.k, c.page_size));
+  const DeviceBuffer<int32_t>& d_tokens = out.tokens;
+  const DeviceBuffer<int32_t>& d_count = out.count;
+  const DeviceBuffer<float>& d_scores = out.scores;
   QuestSelectParams qp;
   qp.out.tokens = d_tokens.get();
   qp.out.num_selected = d_count.get();
@@ -567,7 +583,7 @@ TEST_P(QuestGpuTest, MatchesCpuPolicy) {
   qp.page_bounds = bp.page_bounds;
   qp.problem = view;
   qp.page_size = c.page_size;
-  qp.workspace = d_ws.get();
+  qp.workspace = out.workspace.get();
   ASSERT_EQ(QuestSelect(qp, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<int32_t> gpu = DownloadSelection(d_tokens, d_count, n);
@@ -705,13 +721,10 @@ TEST_P(InfLlmGpuTest, MatchesCpuPolicy) {
   rp.reps = c.reps;
   ASSERT_EQ(InfLlmRepresentatives(rp, nullptr), cudaSuccess);
   const int64_t cap = SelectionCapacity(view);
-  DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(cap + 3)), d_count(1);
-  DeviceBuffer<float> d_scores(static_cast<size_t>(std::max<int64_t>(blocks, 1)));
-  DeviceBuffer<char> d_ws(InfLlmSelectWorkspaceBytes(blocks, c.k, c.block_size));
-  d_ws.Poison();
-  d_tokens.Poison();
-  d_count.Poison();
-  d_scores.Poison();
+  PoisonedSelection out(cap, blocks, InfLlmSelectWorkspaceBytes(blocks, c.k, c.block_size));
+  const DeviceBuffer<int32_t>& d_tokens = out.tokens;
+  const DeviceBuffer<int32_t>& d_count = out.count;
+  const DeviceBuffer<float>& d_scores = out.scores;
   InfLlmSelectParams ip;
   ip.out.tokens = d_tokens.get();
   ip.out.num_selected = d_count.get();
@@ -720,7 +733,7 @@ TEST_P(InfLlmGpuTest, MatchesCpuPolicy) {
   ip.problem = view;
   ip.block_size = c.block_size;
   ip.reps = c.reps;
-  ip.workspace = d_ws.get();
+  ip.workspace = out.workspace.get();
   ASSERT_EQ(InfLlmSelect(ip, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<int32_t> gpu = DownloadSelection(d_tokens, d_count, n);
