@@ -26,6 +26,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_status.h"
@@ -92,6 +93,49 @@ struct NcclKvLink::Impl {
   int Buffer(int64_t seq) const { return static_cast<int>(seq % num_staging); }
   absl::Status Allocate(int64_t max_tokens);
   void Free();
+
+  // The header of the next chunk (number `sequence`), which carries `range`.
+  ChunkHeader Header(const KvChunkRange& range) const {
+    return ChunkHeader{kMagic,
+                       sequence,
+                       range.layer_begin,
+                       range.layer_end,
+                       range.token_begin,
+                       range.token_end,
+                       cache.row,
+                       PayloadBytes(range, cache.row)};
+  }
+  // Copies `slots` into buffer b's pinned mirror and enqueues their H2D copy on the work stream.
+  cudaError_t StageSlots(int b, absl::Span<const int32_t> slots) {
+    std::memcpy(slots_host[b], slots.data(), slots.size() * sizeof(int32_t));
+    return cudaMemcpyAsync(slots_dev[b], slots_host[b], slots.size() * sizeof(int32_t),
+                           cudaMemcpyHostToDevice, work_stream);
+  }
+  // The fields KvGatherParams and KvScatterParams share: chunk `range` between buffer b and the
+  // cache.
+  template <typename Params>
+  Params CopyParams(int b, const KvChunkRange& range) const {
+    Params p;
+    p.k_layers = k_table + range.layer_begin;
+    p.v_layers = v_table + range.layer_begin;
+    p.staging = reinterpret_cast<__nv_bfloat16*>(staging[b] + kHeaderBytes);
+    p.slots = slots_dev[b];
+    p.num_layers = range.layer_end - range.layer_begin;
+    p.num_tokens = range.token_end - range.token_begin;
+    p.row = cache.row;
+    p.num_slots = cache.num_slots;
+    p.max_blocks = options.copy_blocks;
+    return p;
+  }
+};
+
+// How a wait polls: it yields for the first `spins` polls, then sleeps `nap` between polls; past
+// options.timeout it fails with "<what>: <late> <timeout><why>".
+struct NcclKvLink::PollPlan {
+  int spins;
+  absl::Duration nap;
+  const char* late;
+  const char* why;
 };
 
 absl::Status NcclKvLink::Impl::Allocate(int64_t max_tokens) {
@@ -286,62 +330,60 @@ void NcclKvLink::Abort() {
   Break(absl::AbortedError("NcclKvLink aborted")).IgnoreError();  // health() keeps it
 }
 
-absl::Status NcclKvLink::WaitNccl(absl::string_view what) {
+absl::Status NcclKvLink::CheckCuda(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return Break(CudaStatus(e, what));
+}
+
+absl::StatusOr<bool> NcclKvLink::NcclIdle(absl::string_view what) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(impl_->comm, &state);
+  if (r != ncclSuccess) {
+    return Break(absl::InternalError(absl::StrCat(what, ": ncclCommGetAsyncError: ", NcclText(r))));
+  }
+  if (state == ncclSuccess) return true;
+  if (state != ncclInProgress) {
+    return Break(absl::UnavailableError(absl::StrCat(what, ": NCCL error ", NcclText(state), " (",
+                                                     ncclGetLastError(impl_->comm), ")")));
+  }
+  return false;
+}
+
+absl::Status NcclKvLink::Poll(absl::string_view what, const PollPlan& plan,
+                              absl::FunctionRef<absl::StatusOr<bool>()> done) {
   const absl::Time deadline = absl::Now() + impl_->options.timeout;
   for (int polls = 0;; ++polls) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(impl_->comm, &state);
-    if (r != ncclSuccess) {
-      return Break(
-          absl::InternalError(absl::StrCat(what, ": ncclCommGetAsyncError: ", NcclText(r))));
-    }
-    if (state == ncclSuccess) return absl::OkStatus();
-    if (state != ncclInProgress) {
-      return Break(absl::UnavailableError(absl::StrCat(what, ": NCCL error ", NcclText(state), " (",
-                                                       ncclGetLastError(impl_->comm), ")")));
-    }
+    ASSIGN_OR_RETURN(const bool finished, done());
+    if (finished) return absl::OkStatus();
     if (abort_requested_.load()) return Break(absl::AbortedError("NcclKvLink aborted"));
     if (absl::Now() > deadline) {
       return Break(absl::DeadlineExceededError(absl::StrCat(
-          what, ": no progress within ", absl::FormatDuration(impl_->options.timeout))));
+          what, ": ", plan.late, " ", absl::FormatDuration(impl_->options.timeout), plan.why)));
     }
-    if (polls < 1000) {
+    if (polls < plan.spins) {
       std::this_thread::yield();
     } else {
-      absl::SleepFor(absl::Microseconds(50));
+      absl::SleepFor(plan.nap);
     }
   }
 }
 
+absl::Status NcclKvLink::WaitNccl(absl::string_view what) {
+  static constexpr PollPlan kPlan = {1000, absl::Microseconds(50), "no progress within", ""};
+  return Poll(what, kPlan, [&] { return NcclIdle(what); });
+}
+
 absl::Status NcclKvLink::Wait(cudaEvent_t event, absl::string_view what) {
-  const absl::Time deadline = absl::Now() + impl_->options.timeout;
-  for (int polls = 0;; ++polls) {
+  // Spin first (a chunk takes ~0.1-1 ms), then sleep so that a stalled wait costs no core.
+  static constexpr PollPlan kPlan = {2000, absl::Microseconds(20), "not done within",
+                                     " (peer dead or stalled)"};
+  return Poll(what, kPlan, [&]() -> absl::StatusOr<bool> {
     const cudaError_t e = cudaEventQuery(event);
-    if (e == cudaSuccess) return absl::OkStatus();
+    if (e == cudaSuccess) return true;
     if (e != cudaErrorNotReady) return Break(CudaStatus(e, what));
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(impl_->comm, &state);
-    if (r != ncclSuccess) {
-      return Break(
-          absl::InternalError(absl::StrCat(what, ": ncclCommGetAsyncError: ", NcclText(r))));
-    }
-    if (state != ncclSuccess && state != ncclInProgress) {
-      return Break(absl::UnavailableError(absl::StrCat(what, ": NCCL error ", NcclText(state), " (",
-                                                       ncclGetLastError(impl_->comm), ")")));
-    }
-    if (abort_requested_.load()) return Break(absl::AbortedError("NcclKvLink aborted"));
-    if (absl::Now() > deadline) {
-      return Break(absl::DeadlineExceededError(
-          absl::StrCat(what, ": not done within ", absl::FormatDuration(impl_->options.timeout),
-                       " (peer dead or stalled)")));
-    }
-    // Spin first (a chunk takes ~0.1-1 ms), then sleep so that a stalled wait costs no core.
-    if (polls < 2000) {
-      std::this_thread::yield();
-    } else {
-      absl::SleepFor(absl::Microseconds(20));
-    }
-  }
+    RETURN_IF_ERROR(NcclIdle(what).status());  // in progress is fine here: only errors count
+    return false;
+  });
 }
 
 absl::Status NcclKvLink::CheckRange(const KvChunkRange& r, absl::Span<const int32_t> slots) const {
@@ -376,19 +418,55 @@ absl::Status NcclKvLink::CheckRange(const KvChunkRange& r, absl::Span<const int3
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> NcclKvLink::StartChunk(int rank, const KvChunkRange& range,
+                                           absl::Span<const int32_t> slots) {
+  RETURN_IF_ERROR(health());
+  if (rank_ != rank) {
+    return absl::FailedPreconditionError(rank == kSenderRank ? "SendChunk on the receiver"
+                                                             : "RecvChunk on the sender");
+  }
+  RETURN_IF_ERROR(CheckRange(range, slots));
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(Reclaim(impl_->sequence - impl_->num_staging));
+  return impl_->Buffer(impl_->sequence);
+}
+
+absl::Status NcclKvLink::Reclaim(int64_t i) {
+  Impl& m = *impl_;
+  if (i < 0) return absl::OkStatus();
+  const int b = m.Buffer(i);
+  if (!m.in_flight[b]) return absl::OkStatus();
+  RETURN_IF_ERROR(
+      Wait(m.done[b], absl::StrCat(rank_ == kSenderRank ? "send" : "scatter", " of chunk ", i)));
+  m.in_flight[b] = false;
+  return absl::OkStatus();
+}
+
+absl::Status NcclKvLink::EnqueueTransfer(int b, int64_t bytes) {
+  Impl& m = *impl_;
+  const bool send = rank_ == kSenderRank;
+  // One group per chunk: today a single send or receive (header and payload share the buffer);
+  // later per-chunk records (the span index) join the same group.
+  ncclResult_t r = ncclGroupStart();
+  if (r == ncclSuccess || r == ncclInProgress) {
+    const size_t count = static_cast<size_t>(bytes);
+    r = send ? ncclSend(m.staging[b], count, ncclUint8, kReceiverRank, m.comm, m.comm_stream)
+             : ncclRecv(m.staging[b], count, ncclUint8, kSenderRank, m.comm, m.comm_stream);
+    const ncclResult_t end = ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress) r = end;
+  }
+  if (r != ncclSuccess && r != ncclInProgress) {
+    return Break(absl::UnavailableError(
+        absl::StrCat(send ? "ncclSend" : "ncclRecv", " of chunk ", m.sequence, ": ", NcclText(r))));
+  }
+  return WaitNccl(absl::StrCat("enqueueing chunk ", m.sequence));
+}
+
 absl::Status NcclKvLink::SendChunk(const KvChunkRange& range, absl::Span<const int32_t> slots,
                                    cudaEvent_t kv_ready) {
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(health());
-  if (rank_ != kSenderRank) return absl::FailedPreconditionError("SendChunk on the receiver");
-  RETURN_IF_ERROR(CheckRange(range, slots));
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  ASSIGN_OR_RETURN(const int b, StartChunk(kSenderRank, range, slots));
   Impl& m = *impl_;
-  const int b = m.Buffer(m.sequence);
-  if (m.in_flight[b]) {
-    RETURN_IF_ERROR(Wait(m.done[b], absl::StrCat("send of chunk ", m.sequence - m.num_staging)));
-    m.in_flight[b] = false;
-  }
   // The contract lets the caller reuse chunk i-2's slots when this call returns: with more than
   // two buffers chunk i-2 may still be on the wire, but its pack (the only reader of the slots)
   // finished long before (packed[] of chunk i-2 is not re-recorded until chunk i-2+n).
@@ -396,59 +474,21 @@ absl::Status NcclKvLink::SendChunk(const KvChunkRange& range, absl::Span<const i
     RETURN_IF_ERROR(
         Wait(m.ready[m.Buffer(m.sequence - 2)], absl::StrCat("pack of chunk ", m.sequence - 2)));
   }
-  const int64_t tokens = range.token_end - range.token_begin;
-  const int64_t payload = PayloadBytes(range, m.cache.row);
-  std::memcpy(m.slots_host[b], slots.data(), tokens * sizeof(int32_t));
-  ChunkHeader& h = *m.header_host[b];
-  h = ChunkHeader{kMagic,
-                  m.sequence,
-                  range.layer_begin,
-                  range.layer_end,
-                  range.token_begin,
-                  range.token_end,
-                  m.cache.row,
-                  payload};
-  auto fail = [&](cudaError_t e, absl::string_view what) { return Break(CudaStatus(e, what)); };
-  cudaError_t e = cudaMemcpyAsync(m.slots_dev[b], m.slots_host[b], tokens * sizeof(int32_t),
-                                  cudaMemcpyHostToDevice, m.work_stream);
-  if (e != cudaSuccess) return fail(e, "slots H2D");
-  e = cudaMemcpyAsync(m.staging[b], m.header_host[b], sizeof(ChunkHeader), cudaMemcpyHostToDevice,
-                      m.work_stream);
-  if (e != cudaSuccess) return fail(e, "header H2D");
+  *m.header_host[b] = m.Header(range);
+  const int64_t payload = m.header_host[b]->payload_bytes;
+  RETURN_IF_ERROR(CheckCuda(m.StageSlots(b, slots), "slots H2D"));
+  RETURN_IF_ERROR(CheckCuda(cudaMemcpyAsync(m.staging[b], m.header_host[b], sizeof(ChunkHeader),
+                                            cudaMemcpyHostToDevice, m.work_stream),
+                            "header H2D"));
   if (kv_ready != nullptr) {
-    e = cudaStreamWaitEvent(m.work_stream, kv_ready, 0);
-    if (e != cudaSuccess) return fail(e, "wait kv_ready");
+    RETURN_IF_ERROR(CheckCuda(cudaStreamWaitEvent(m.work_stream, kv_ready, 0), "wait kv_ready"));
   }
-  kernels::cuda::KvGatherParams g;
-  g.staging = reinterpret_cast<__nv_bfloat16*>(m.staging[b] + kHeaderBytes);
-  g.k_layers = m.k_table + range.layer_begin;
-  g.v_layers = m.v_table + range.layer_begin;
-  g.slots = m.slots_dev[b];
-  g.num_layers = range.layer_end - range.layer_begin;
-  g.num_tokens = tokens;
-  g.row = m.cache.row;
-  g.num_slots = m.cache.num_slots;
-  g.max_blocks = m.options.copy_blocks;
-  if ((e = kernels::cuda::KvGather(g, m.work_stream)) != cudaSuccess) return fail(e, "KvGather");
-  if ((e = cudaEventRecord(m.ready[b], m.work_stream)) != cudaSuccess) return fail(e, "record");
-  if ((e = cudaStreamWaitEvent(m.comm_stream, m.ready[b], 0)) != cudaSuccess) {
-    return fail(e, "wait packed");
-  }
-  // One group per chunk: today a single send (header and payload share the buffer); later
-  // per-chunk records (the span index) join the same group.
-  ncclResult_t r = ncclGroupStart();
-  if (r == ncclSuccess || r == ncclInProgress) {
-    r = ncclSend(m.staging[b], static_cast<size_t>(kHeaderBytes + payload), ncclUint8,
-                 kReceiverRank, m.comm, m.comm_stream);
-    const ncclResult_t end = ncclGroupEnd();
-    if (r == ncclSuccess || r == ncclInProgress) r = end;
-  }
-  if (r != ncclSuccess && r != ncclInProgress) {
-    return Break(
-        absl::UnavailableError(absl::StrCat("ncclSend of chunk ", m.sequence, ": ", NcclText(r))));
-  }
-  RETURN_IF_ERROR(WaitNccl(absl::StrCat("enqueueing chunk ", m.sequence)));
-  if ((e = cudaEventRecord(m.done[b], m.comm_stream)) != cudaSuccess) return fail(e, "record");
+  const auto gather = m.CopyParams<kernels::cuda::KvGatherParams>(b, range);
+  RETURN_IF_ERROR(CheckCuda(kernels::cuda::KvGather(gather, m.work_stream), "KvGather"));
+  RETURN_IF_ERROR(CheckCuda(cudaEventRecord(m.ready[b], m.work_stream), "record"));
+  RETURN_IF_ERROR(CheckCuda(cudaStreamWaitEvent(m.comm_stream, m.ready[b], 0), "wait packed"));
+  RETURN_IF_ERROR(EnqueueTransfer(b, kHeaderBytes + payload));
+  RETURN_IF_ERROR(CheckCuda(cudaEventRecord(m.done[b], m.comm_stream), "record"));
   m.in_flight[b] = true;
   ++m.sequence;
   chunks_.fetch_add(1);
@@ -458,56 +498,22 @@ absl::Status NcclKvLink::SendChunk(const KvChunkRange& range, absl::Span<const i
 
 absl::Status NcclKvLink::RecvChunk(const KvChunkRange& range, absl::Span<const int32_t> slots) {
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(health());
-  if (rank_ != kReceiverRank) return absl::FailedPreconditionError("RecvChunk on the sender");
-  RETURN_IF_ERROR(CheckRange(range, slots));
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  ASSIGN_OR_RETURN(const int b, StartChunk(kReceiverRank, range, slots));
   Impl& m = *impl_;
-  const int b = m.Buffer(m.sequence);
-  if (m.in_flight[b]) {
-    RETURN_IF_ERROR(Wait(m.done[b], absl::StrCat("scatter of chunk ", m.sequence - m.num_staging)));
-    m.in_flight[b] = false;
-  }
-  const int64_t tokens = range.token_end - range.token_begin;
-  const int64_t payload = PayloadBytes(range, m.cache.row);
-  std::memcpy(m.slots_host[b], slots.data(), tokens * sizeof(int32_t));
-  m.expected[b] = ChunkHeader{kMagic,
-                              m.sequence,
-                              range.layer_begin,
-                              range.layer_end,
-                              range.token_begin,
-                              range.token_end,
-                              m.cache.row,
-                              payload};
+  m.expected[b] = m.Header(range);
   m.ranges[b] = range;
-  auto fail = [&](cudaError_t e, absl::string_view what) { return Break(CudaStatus(e, what)); };
-  cudaError_t e = cudaMemcpyAsync(m.slots_dev[b], m.slots_host[b], tokens * sizeof(int32_t),
-                                  cudaMemcpyHostToDevice, m.work_stream);
-  if (e != cudaSuccess) return fail(e, "slots H2D");
-  ncclResult_t r = ncclGroupStart();
-  if (r == ncclSuccess || r == ncclInProgress) {
-    r = ncclRecv(m.staging[b], static_cast<size_t>(kHeaderBytes + payload), ncclUint8, kSenderRank,
-                 m.comm, m.comm_stream);
-    const ncclResult_t end = ncclGroupEnd();
-    if (r == ncclSuccess || r == ncclInProgress) r = end;
-  }
-  if (r != ncclSuccess && r != ncclInProgress) {
-    return Break(
-        absl::UnavailableError(absl::StrCat("ncclRecv of chunk ", m.sequence, ": ", NcclText(r))));
-  }
-  RETURN_IF_ERROR(WaitNccl(absl::StrCat("enqueueing chunk ", m.sequence)));
-  if ((e = cudaEventRecord(m.ready[b], m.comm_stream)) != cudaSuccess) return fail(e, "record");
+  RETURN_IF_ERROR(CheckCuda(m.StageSlots(b, slots), "slots H2D"));
+  RETURN_IF_ERROR(EnqueueTransfer(b, kHeaderBytes + m.expected[b].payload_bytes));
+  RETURN_IF_ERROR(CheckCuda(cudaEventRecord(m.ready[b], m.comm_stream), "record"));
   // Chunk i's receive is queued behind chunk i-1's: now finish chunk i-1 (check, scatter). Its
   // scatter goes on the work stream before chunk i's header copy, which waits for chunk i's
   // receive: the other order would hold the scatter (and so the receive of chunk i+1) back.
   RETURN_IF_ERROR(FinishPendingReceive());
-  if ((e = cudaStreamWaitEvent(m.work_stream, m.ready[b], 0)) != cudaSuccess) {
-    return fail(e, "wait received");
-  }
-  e = cudaMemcpyAsync(m.header_host[b], m.staging[b], sizeof(ChunkHeader), cudaMemcpyDeviceToHost,
-                      m.work_stream);
-  if (e != cudaSuccess) return fail(e, "header D2H");
-  if ((e = cudaEventRecord(m.header[b], m.work_stream)) != cudaSuccess) return fail(e, "record");
+  RETURN_IF_ERROR(CheckCuda(cudaStreamWaitEvent(m.work_stream, m.ready[b], 0), "wait received"));
+  RETURN_IF_ERROR(CheckCuda(cudaMemcpyAsync(m.header_host[b], m.staging[b], sizeof(ChunkHeader),
+                                            cudaMemcpyDeviceToHost, m.work_stream),
+                            "header D2H"));
+  RETURN_IF_ERROR(CheckCuda(cudaEventRecord(m.header[b], m.work_stream), "record"));
   m.has_pending = true;
   m.pending = b;
   ++m.sequence;
@@ -539,22 +545,10 @@ absl::Status NcclKvLink::FinishPendingReceive() {
                        values.second, " (chunk ", want.sequence, "; the two plans disagree)")));
     }
   }
-  const KvChunkRange& range = m.ranges[b];
-  auto fail = [&](cudaError_t e, absl::string_view what) { return Break(CudaStatus(e, what)); };
-  cudaError_t e = cudaSuccess;
   // The work stream already waits for the receive (before the header copy).
-  kernels::cuda::KvScatterParams s;
-  s.k_layers = m.k_table + range.layer_begin;
-  s.v_layers = m.v_table + range.layer_begin;
-  s.staging = reinterpret_cast<const __nv_bfloat16*>(m.staging[b] + kHeaderBytes);
-  s.slots = m.slots_dev[b];
-  s.num_layers = range.layer_end - range.layer_begin;
-  s.num_tokens = range.token_end - range.token_begin;
-  s.row = m.cache.row;
-  s.num_slots = m.cache.num_slots;
-  s.max_blocks = m.options.copy_blocks;
-  if ((e = kernels::cuda::KvScatter(s, m.work_stream)) != cudaSuccess) return fail(e, "KvScatter");
-  if ((e = cudaEventRecord(m.done[b], m.work_stream)) != cudaSuccess) return fail(e, "record");
+  const auto scatter = m.CopyParams<kernels::cuda::KvScatterParams>(b, m.ranges[b]);
+  RETURN_IF_ERROR(CheckCuda(kernels::cuda::KvScatter(scatter, m.work_stream), "KvScatter"));
+  RETURN_IF_ERROR(CheckCuda(cudaEventRecord(m.done[b], m.work_stream), "record"));
   m.in_flight[b] = true;
   chunks_.fetch_add(1);
   bytes_.fetch_add(want.payload_bytes);
@@ -572,14 +566,7 @@ absl::Status NcclKvLink::FlushLocked() {
   Impl& m = *impl_;
   if (rank_ == kReceiverRank) RETURN_IF_ERROR(FinishPendingReceive());
   // Oldest first.
-  for (int64_t i = m.sequence - m.num_staging; i < m.sequence; ++i) {
-    if (i < 0) continue;
-    const int b = m.Buffer(i);
-    if (!m.in_flight[b]) continue;
-    RETURN_IF_ERROR(
-        Wait(m.done[b], absl::StrCat(rank_ == kSenderRank ? "send" : "scatter", " of chunk ", i)));
-    m.in_flight[b] = false;
-  }
+  for (int64_t i = m.sequence - m.num_staging; i < m.sequence; ++i) RETURN_IF_ERROR(Reclaim(i));
   return absl::OkStatus();
 }
 

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -156,10 +157,31 @@ class NcclKvLink {
   struct Impl;
   NcclKvLink(int rank, int device, std::unique_ptr<Impl> impl);
 
+  struct PollPlan;
+  // Polls `done` until it returns true (or an error, returned as is). Between polls: Aborted after
+  // Abort, DeadlineExceeded after options.timeout, both breaking the link.
+  absl::Status Poll(absl::string_view what, const PollPlan& plan,
+                    absl::FunctionRef<absl::StatusOr<bool>()> done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls `event` until it completes. Breaks the link on an NCCL error, abort or deadline.
   absl::Status Wait(cudaEvent_t event, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls ncclCommGetAsyncError until the last NCCL call has been enqueued (ncclInProgress ends).
   absl::Status WaitNccl(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The communicator's async state: true when idle, false while a call is in progress; breaks the
+  // link (Internal / Unavailable) on an NCCL error.
+  absl::StatusOr<bool> NcclIdle(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK for cudaSuccess; otherwise breaks the link with CudaStatus(e, what).
+  absl::Status CheckCuda(cudaError_t e, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SendChunk's and RecvChunk's start: checks the call (health, that this side is `rank`, the
+  // range and slots), waits until the next chunk's staging buffer is free and returns it.
+  absl::StatusOr<int> StartChunk(int rank, const KvChunkRange& range,
+                                 absl::Span<const int32_t> slots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for chunk i's last event (sent / scattered) if it is in flight, freeing its buffer.
+  absl::Status Reclaim(int64_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends (sender) or receives (receiver) the first `bytes` of staging buffer b as the next chunk
+  // on the comm stream; returns once NCCL has enqueued it.
+  absl::Status EnqueueTransfer(int b, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Aborts the communicator and records `error` as the link's first error (kept if one exists).
   absl::Status Break(absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRange(const KvChunkRange& range, absl::Span<const int32_t> slots) const

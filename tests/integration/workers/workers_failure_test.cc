@@ -13,21 +13,11 @@ namespace {
 TEST_F(WorkersTest, PrefillPastItsDeadlineFreesItsPages) {
   pb::WorkerRequest request = Request("deadline-1", 600, 4);
   request.mutable_selection()->set_chunk_size(8);  // 75 chunks: plenty of abort points
-  auto stub = DecodeStub(decode_->address());
-  grpc::ClientContext dctx;
-  pb::DecodeRequest dreq;
-  *dreq.mutable_request() = request;
-  auto reader = stub->Decode(&dctx, dreq);
-  pb::DecodeResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));
+  DecodeCall call;
+  ASSERT_TRUE(OpenDecode(request, &call));
   grpc::ClientContext pctx;
   pctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(5));
-  pb::PrefillRequest preq;
-  *preq.mutable_request() = request;
-  preq.set_decode_worker_address(decode_->address());
-  *preq.mutable_reservation() = msg.reservation();
-  pb::PrefillResponse presp;
-  EXPECT_EQ(prefill_stub_->Prefill(&pctx, preq, &presp).error_code(),
+  EXPECT_EQ(Prefill(request, call.reservation, nullptr, nullptr, &pctx).error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);
   const engine::PagePool& pool = prefill_->engine().pool();
   const absl::Time end = absl::Now() + absl::Seconds(5);
@@ -37,60 +27,38 @@ TEST_F(WorkersTest, PrefillPastItsDeadlineFreesItsPages) {
   EXPECT_EQ(pool.num_free_pages(), pool.num_pages());
   // The decode side keeps the (rewound) reservation for a retry until the router gives up.
   EXPECT_EQ(decode_->engine().Load().waiting, 1);
-  dctx.TryCancel();
-  while (reader->Read(&msg)) {
-  }
-  reader->Finish();
+  call.Cancel();
   EXPECT_TRUE(WaitForFreePages(decode_.get(), 64));
 }
 
 TEST_F(WorkersTest, CancelMidStreamFreesPages) {
   const int64_t baseline = decode_->engine().pool().num_free_pages();
   pb::WorkerRequest request = Request("cancel-1", 32, 500);
-  auto stub = DecodeStub(decode_->address());
-  grpc::ClientContext dctx;
-  pb::DecodeRequest dreq;
-  *dreq.mutable_request() = request;
-  auto reader = stub->Decode(&dctx, dreq);
-  pb::DecodeResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));
-  ASSERT_TRUE(msg.has_reservation());
+  DecodeCall call;
+  ASSERT_TRUE(OpenDecode(request, &call));
+  ASSERT_TRUE(call.msg.has_reservation());
   EXPECT_EQ(decode_->engine().pool().num_free_pages(), baseline - (32 + 500 + 15) / 16);
-  grpc::ClientContext pctx;
-  pb::PrefillRequest preq;
-  *preq.mutable_request() = request;
-  preq.set_decode_worker_address(decode_->address());
-  *preq.mutable_reservation() = msg.reservation();
-  pb::PrefillResponse presp;
-  ASSERT_TRUE(prefill_stub_->Prefill(&pctx, preq, &presp).ok());
+  ASSERT_TRUE(Prefill(request, call.reservation).ok());
   int tokens = 0;
-  while (tokens < 3 && reader->Read(&msg)) tokens += msg.tokens().token_ids_size();
+  while (tokens < 3 && call.reader->Read(&call.msg)) tokens += call.msg.tokens().token_ids_size();
   ASSERT_GE(tokens, 3);
-  dctx.TryCancel();
-  while (reader->Read(&msg)) {
-  }
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(call.Cancel().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(WaitForFreePages(decode_.get(), baseline));
   EXPECT_EQ(prefill_->engine().pool().num_free_pages(), prefill_->engine().pool().num_pages());
 }
 
 TEST_F(WorkersTest, CancelRpcEndsTheStream) {
   const int64_t baseline = decode_->engine().pool().num_free_pages();
-  auto stub = DecodeStub(decode_->address());
-  grpc::ClientContext dctx;
-  pb::DecodeRequest dreq;
-  *dreq.mutable_request() = Request("cancel-2", 8, 8);
-  auto reader = stub->Decode(&dctx, dreq);
-  pb::DecodeResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));
+  DecodeCall call;
+  ASSERT_TRUE(OpenDecode(Request("cancel-2", 8, 8), &call));
   grpc::ClientContext cctx;
   pb::CancelRequest creq;
   creq.set_request_id("cancel-2");
   pb::CancelResponse cresp;
-  ASSERT_TRUE(stub->Cancel(&cctx, creq, &cresp).ok());
+  ASSERT_TRUE(call.stub->Cancel(&cctx, creq, &cresp).ok());
   EXPECT_TRUE(cresp.found());
-  EXPECT_FALSE(reader->Read(&msg));
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_FALSE(call.reader->Read(&call.msg));
+  EXPECT_EQ(call.reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_EQ(decode_->engine().pool().num_free_pages(), baseline);
 }
 
@@ -99,30 +67,20 @@ TEST_F(WorkersTest, ReservationWithoutKvExpiresAfterTheLease) {
   auto decode = StartDecode(16, absl::Seconds(5), &clock);
   ASSERT_NE(decode, nullptr);
   const int64_t baseline = decode->engine().pool().num_free_pages();
-  auto stub = DecodeStub(decode->address());
-  grpc::ClientContext dctx;
-  pb::DecodeRequest dreq;
-  *dreq.mutable_request() = Request("lease-1", 20, 10);
-  auto reader = stub->Decode(&dctx, dreq);
-  pb::DecodeResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));
-  const pb::Reservation reservation = msg.reservation();
-  EXPECT_EQ(reservation.lease_expires_unix_ms(), 1005000);
+  const pb::WorkerRequest request = Request("lease-1", 20, 10);
+  DecodeCall call;
+  ASSERT_TRUE(OpenDecode(request, &call, decode.get()));
+  EXPECT_EQ(call.reservation.lease_expires_unix_ms(), 1005000);
   EXPECT_EQ(decode->engine().pool().num_free_pages(), baseline - 2);
   absl::SleepFor(absl::Milliseconds(50));  // real time alone frees nothing
   EXPECT_EQ(decode->engine().pool().num_free_pages(), baseline - 2);
   clock.Advance(absl::Seconds(6));
-  EXPECT_FALSE(reader->Read(&msg));
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_FALSE(call.reader->Read(&call.msg));
+  EXPECT_EQ(call.reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(decode->engine().pool().num_free_pages(), baseline);
   // KV arriving late finds no reservation.
-  grpc::ClientContext pctx;
-  pb::PrefillRequest preq;
-  *preq.mutable_request() = dreq.request();
-  preq.set_decode_worker_address(decode->address());
-  *preq.mutable_reservation() = reservation;
-  pb::PrefillResponse presp;
-  EXPECT_EQ(prefill_stub_->Prefill(&pctx, preq, &presp).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Prefill(request, call.reservation, decode.get()).error_code(),
+            grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(prefill_->engine().pool().num_free_pages(), prefill_->engine().pool().num_pages());
   decode->Shutdown(absl::ZeroDuration());
 }
@@ -130,14 +88,9 @@ TEST_F(WorkersTest, ReservationWithoutKvExpiresAfterTheLease) {
 TEST_F(WorkersTest, OverCapacityIsResourceExhausted) {
   auto decode = StartDecode(8, absl::Seconds(30), nullptr);  // 128 token slots
   ASSERT_NE(decode, nullptr);
-  auto stub = DecodeStub(decode->address());
-  grpc::ClientContext first_ctx;
-  pb::DecodeRequest first;
-  *first.mutable_request() = Request("cap-1", 50, 40);  // 6 pages
-  auto reader = stub->Decode(&first_ctx, first);
-  pb::DecodeResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));
-  ASSERT_TRUE(msg.has_reservation());
+  DecodeCall first;
+  ASSERT_TRUE(OpenDecode(Request("cap-1", 50, 40), &first, decode.get()));  // 6 pages
+  ASSERT_TRUE(first.msg.has_reservation());
 
   Outcome second = Run(Request("cap-2", 30, 20), decode.get());  // 4 pages: 2 are free
   EXPECT_EQ(second.decode_status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
@@ -145,10 +98,7 @@ TEST_F(WorkersTest, OverCapacityIsResourceExhausted) {
   Outcome too_long = Run(Request("cap-3", 100, 100), decode.get());
   EXPECT_EQ(too_long.decode_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(too_long.decode_status.error_message().find("prompt too long"), std::string::npos);
-  first_ctx.TryCancel();
-  while (reader->Read(&msg)) {
-  }
-  reader->Finish();
+  first.Cancel();
   EXPECT_TRUE(WaitForFreePages(decode.get(), 8));
   decode->Shutdown(absl::ZeroDuration());
 }
@@ -216,23 +166,17 @@ TEST_F(WorkersTest, PrefillChecksTheReservationAndTheDecodeWorker) {
 
 TEST_F(WorkersTest, BadKvIsRejectedAndThePrefillCanBeRetried) {
   pb::WorkerRequest request = Request("retry-1", 20, 6);
-  auto stub = DecodeStub(decode_->address());
-  grpc::ClientContext dctx;
-  pb::DecodeRequest dreq;
-  *dreq.mutable_request() = request;
-  auto reader = stub->Decode(&dctx, dreq);
-  pb::DecodeResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));
-  const pb::Reservation reservation = msg.reservation();
+  DecodeCall call;
+  ASSERT_TRUE(OpenDecode(request, &call));
 
   // A broken sender: a block whose shape does not match the reservation's layout.
   {
     grpc::ClientContext kctx;
     pb::PushKvResponse kresp;
-    auto writer = stub->PushKv(&kctx, &kresp);
+    auto writer = call.stub->PushKv(&kctx, &kresp);
     pb::PushKvMessage bad;
     bad.set_request_id("retry-1");
-    bad.set_reservation_id(reservation.reservation_id());
+    bad.set_reservation_id(call.reservation.reservation_id());
     pb::KvChunk* chunk = bad.mutable_chunk();
     chunk->set_layer_begin(0);
     chunk->set_layer_end(1);
@@ -248,20 +192,7 @@ TEST_F(WorkersTest, BadKvIsRejectedAndThePrefillCanBeRetried) {
     EXPECT_NE(status.error_message().find("shape"), std::string::npos) << status.error_message();
   }
   // The reservation was rewound, not lost: a retried prefill completes the request.
-  grpc::ClientContext pctx;
-  pb::PrefillRequest preq;
-  *preq.mutable_request() = request;
-  preq.set_decode_worker_address(decode_->address());
-  *preq.mutable_reservation() = reservation;
-  pb::PrefillResponse presp;
-  grpc::Status prefill = prefill_stub_->Prefill(&pctx, preq, &presp);
-  ASSERT_TRUE(prefill.ok()) << prefill.error_message();
-  std::vector<int32_t> ids;
-  while (reader->Read(&msg)) {
-    for (int32_t id : msg.tokens().token_ids()) ids.push_back(id);
-  }
-  ASSERT_TRUE(reader->Finish().ok());
-  EXPECT_EQ(ids, Reference(request, engine::SelectionOptions{}).token_ids);
+  ASSERT_NO_FATAL_FAILURE(CheckRetriedPrefill(request, engine::SelectionOptions{}, &call));
 }
 
 // A hand-driven PushKv: complete K/V (zeros, one block per layer) for `reservation`, then a final
@@ -308,25 +239,16 @@ grpc::Status PushKvWithStates(pb::DecodeWorker::Stub* stub, const std::string& r
 
 TEST_F(WorkersTest, BadSelectionStateIsRejectedAndThePrefillCanBeRetried) {
   pb::WorkerRequest request = Request("state-1", 40, 6);
-  pb::SelectionParams* selection = request.mutable_selection();
-  selection->set_policy(pb::SELECTION_POLICY_INFLLM);
-  selection->set_k(8);
-  selection->set_n_init(2);
-  selection->set_n_local(4);
-  selection->set_chunk_size(16);
-  auto stub = DecodeStub(decode_->address());
-  grpc::ClientContext dctx;
-  pb::DecodeRequest dreq;
-  *dreq.mutable_request() = request;
-  auto reader = stub->Decode(&dctx, dreq);
-  pb::DecodeResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));
-  const pb::Reservation reservation = msg.reservation();
+  const engine::SelectionOptions selection = Select(
+      {pb::SELECTION_POLICY_INFLLM, engine::SelectionPolicyKind::kInfLlm, 8, 2, 4, 16}, &request);
+  DecodeCall call;
+  ASSERT_TRUE(OpenDecode(request, &call));
+  const pb::Reservation& reservation = call.reservation;
   const int layers = reservation.layout().num_layers();
   ASSERT_GT(layers, 1);
 
   // A wrong count: one entry for a model of several layers.
-  grpc::Status status = PushKvWithStates(stub.get(), "state-1", reservation, {"x"});
+  grpc::Status status = PushKvWithStates(call.stub.get(), "state-1", reservation, {"x"});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("final.selection_states has 1 entries"), std::string::npos)
       << status.error_message();
@@ -334,60 +256,35 @@ TEST_F(WorkersTest, BadSelectionStateIsRejectedAndThePrefillCanBeRetried) {
   std::vector<std::string> corrupt(static_cast<size_t>(layers),
                                    engine::SerializeLayerState(engine::SelectionLayerState()));
   corrupt[1] = "TSLS garbage";
-  status = PushKvWithStates(stub.get(), "state-1", reservation, corrupt);
+  status = PushKvWithStates(call.stub.get(), "state-1", reservation, corrupt);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("final.selection_states[1]"), std::string::npos)
       << status.error_message();
 
   // Nothing was decoded on the rejected state: a retried prefill completes the request and its
   // output equals one process's (the state restored this time).
-  grpc::ClientContext pctx;
-  pb::PrefillRequest preq;
-  *preq.mutable_request() = request;
-  preq.set_decode_worker_address(decode_->address());
-  *preq.mutable_reservation() = reservation;
-  pb::PrefillResponse presp;
-  grpc::Status prefill = prefill_stub_->Prefill(&pctx, preq, &presp);
-  ASSERT_TRUE(prefill.ok()) << prefill.error_message();
-  std::vector<int32_t> ids;
-  while (reader->Read(&msg)) {
-    for (int32_t id : msg.tokens().token_ids()) ids.push_back(id);
-  }
-  ASSERT_TRUE(reader->Finish().ok());
-  engine::SelectionOptions options;
-  options.policy = engine::SelectionPolicyKind::kInfLlm;
-  options.k = 8;
-  options.n_init = 2;
-  options.n_local = 4;
-  options.chunk_size = 16;
-  EXPECT_EQ(ids, Reference(request, options).token_ids);
+  ASSERT_NO_FATAL_FAILURE(CheckRetriedPrefill(request, selection, &call));
   EXPECT_TRUE(WaitForFreePages(decode_.get(), 64));
 }
 
 TEST_F(WorkersTest, CancelAfterABadSelectionStateFreesThePages) {
   pb::WorkerRequest request = Request("state-2", 40, 6);
   request.mutable_selection()->set_policy(pb::SELECTION_POLICY_CASCADE);
-  auto stub = DecodeStub(decode_->address());
-  grpc::ClientContext dctx;
-  pb::DecodeRequest dreq;
-  *dreq.mutable_request() = request;
-  auto reader = stub->Decode(&dctx, dreq);
-  pb::DecodeResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));
-  const pb::Reservation reservation = msg.reservation();
+  DecodeCall call;
+  ASSERT_TRUE(OpenDecode(request, &call));
   EXPECT_LT(decode_->engine().pool().num_free_pages(), 64);
-  std::vector<std::string> corrupt(static_cast<size_t>(reservation.layout().num_layers()),
+  std::vector<std::string> corrupt(static_cast<size_t>(call.reservation.layout().num_layers()),
                                    std::string(64, '\x5a'));
-  grpc::Status status = PushKvWithStates(stub.get(), "state-2", reservation, corrupt);
+  grpc::Status status = PushKvWithStates(call.stub.get(), "state-2", call.reservation, corrupt);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("final.selection_states[0]"), std::string::npos)
       << status.error_message();
   // The router gives up: cancelling the Decode stream frees the reservation at once.
-  dctx.TryCancel();
-  while (reader->Read(&msg)) {
-    EXPECT_FALSE(msg.has_tokens()) << "decoded on a rejected selection state";
+  call.ctx.TryCancel();
+  while (call.reader->Read(&call.msg)) {
+    EXPECT_FALSE(call.msg.has_tokens()) << "decoded on a rejected selection state";
   }
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(call.reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(WaitForFreePages(decode_.get(), 64));
 }
 

@@ -37,6 +37,45 @@ struct Outcome {
   pb::DecodeFinal final;
 };
 
+// A Decode stream opened by WorkersTest::OpenDecode, the way the router opens one.
+struct DecodeCall {
+  // Reads the rest of the stream into out->ids, out->text and out->final; returns its status.
+  grpc::Status Finish(Outcome* out) {
+    while (reader->Read(&msg)) {
+      if (msg.has_tokens()) {
+        for (int32_t id : msg.tokens().token_ids()) out->ids.push_back(id);
+        out->text += msg.tokens().text();
+      } else if (msg.has_final()) {
+        out->final = msg.final();
+      }
+    }
+    return reader->Finish();
+  }
+  // The router gives up: cancels the stream, reads it to its end and returns its status.
+  grpc::Status Cancel() {
+    ctx.TryCancel();
+    while (reader->Read(&msg)) {
+    }
+    return reader->Finish();
+  }
+
+  std::unique_ptr<pb::DecodeWorker::Stub> stub;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<pb::DecodeResponse>> reader;
+  pb::DecodeResponse msg;       // the message read last
+  pb::Reservation reservation;  // from the stream's first message
+};
+
+// A selection set alike on a request (wire form) and on Reference's options (engine form).
+struct Selection {
+  pb::SelectionPolicy wire;
+  engine::SelectionPolicyKind policy;
+  int k;
+  int n_init;
+  int n_local;
+  int chunk_size;
+};
+
 class WorkersTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -107,38 +146,80 @@ class WorkersTest : public ::testing::Test {
     return r;
   }
 
+  // Sets `selection` on `request` and returns it in the engine's form, on top of `base`.
+  static engine::SelectionOptions Select(const Selection& selection, pb::WorkerRequest* request,
+                                         engine::SelectionOptions base = {}) {
+    pb::SelectionParams* s = request->mutable_selection();
+    s->set_policy(selection.wire);
+    s->set_k(selection.k);
+    s->set_n_init(selection.n_init);
+    s->set_n_local(selection.n_local);
+    s->set_chunk_size(selection.chunk_size);
+    base.policy = selection.policy;
+    base.k = selection.k;
+    base.n_init = selection.n_init;
+    base.n_local = selection.n_local;
+    base.chunk_size = selection.chunk_size;
+    return base;
+  }
+
+  // Opens a Decode stream for `request` on `decode` (default decode_) and reads its first message
+  // into call->reservation. False when the stream ends first (call->reader->Finish() says why).
+  bool OpenDecode(const pb::WorkerRequest& request, DecodeCall* call,
+                  decode_worker::DecodeWorker* decode = nullptr) {
+    if (decode == nullptr) decode = decode_.get();
+    call->stub = DecodeStub(decode->address());
+    pb::DecodeRequest dreq;
+    *dreq.mutable_request() = request;
+    dreq.set_prefill_worker_address(prefill_->address());
+    call->reader = call->stub->Decode(&call->ctx, dreq);
+    if (!call->reader->Read(&call->msg)) return false;
+    call->reservation = call->msg.reservation();
+    return true;
+  }
+
+  // Prefills `request` into `reservation` on `decode` (default decode_); `ctx` (default: a fresh
+  // one) may carry a deadline. The response goes to `response` when given.
+  grpc::Status Prefill(const pb::WorkerRequest& request, const pb::Reservation& reservation,
+                       decode_worker::DecodeWorker* decode = nullptr,
+                       pb::PrefillResponse* response = nullptr,
+                       grpc::ClientContext* ctx = nullptr) {
+    if (decode == nullptr) decode = decode_.get();
+    grpc::ClientContext own_ctx;
+    pb::PrefillResponse own_response;
+    pb::PrefillRequest preq;
+    *preq.mutable_request() = request;
+    preq.set_decode_worker_address(decode->address());
+    *preq.mutable_reservation() = reservation;
+    return prefill_stub_->Prefill(ctx != nullptr ? ctx : &own_ctx, preq,
+                                  response != nullptr ? response : &own_response);
+  }
+
+  // A retried Prefill into call's (rewound) reservation completes the request, and its tokens
+  // equal the single-process reference under `selection`. Fatal failures: wrap the call in
+  // ASSERT_NO_FATAL_FAILURE.
+  void CheckRetriedPrefill(const pb::WorkerRequest& request,
+                           const engine::SelectionOptions& selection, DecodeCall* call) {
+    const grpc::Status prefill = Prefill(request, call->reservation);
+    ASSERT_TRUE(prefill.ok()) << prefill.error_message();
+    Outcome out;
+    ASSERT_TRUE(call->Finish(&out).ok());
+    EXPECT_EQ(out.ids, Reference(request, selection).token_ids);
+  }
+
   // The router's part: Decode, then Prefill into the reservation, then read the token stream.
   Outcome Run(const pb::WorkerRequest& request, decode_worker::DecodeWorker* decode = nullptr) {
     if (decode == nullptr) decode = decode_.get();
     Outcome out;
-    auto stub = DecodeStub(decode->address());
-    grpc::ClientContext dctx;
-    pb::DecodeRequest dreq;
-    *dreq.mutable_request() = request;
-    dreq.set_prefill_worker_address(prefill_->address());
-    auto reader = stub->Decode(&dctx, dreq);
-    pb::DecodeResponse msg;
-    if (!reader->Read(&msg)) {
-      out.decode_status = reader->Finish();
+    DecodeCall call;
+    if (!OpenDecode(request, &call, decode)) {
+      out.decode_status = call.reader->Finish();
       return out;
     }
-    EXPECT_TRUE(msg.has_reservation());
-    out.reservation = msg.reservation();
-    grpc::ClientContext pctx;
-    pb::PrefillRequest preq;
-    *preq.mutable_request() = request;
-    preq.set_decode_worker_address(decode->address());
-    *preq.mutable_reservation() = out.reservation;
-    out.prefill_status = prefill_stub_->Prefill(&pctx, preq, &out.prefill);
-    while (reader->Read(&msg)) {
-      if (msg.has_tokens()) {
-        for (int32_t id : msg.tokens().token_ids()) out.ids.push_back(id);
-        out.text += msg.tokens().text();
-      } else if (msg.has_final()) {
-        out.final = msg.final();
-      }
-    }
-    out.decode_status = reader->Finish();
+    EXPECT_TRUE(call.msg.has_reservation());
+    out.reservation = call.reservation;
+    out.prefill_status = Prefill(request, out.reservation, decode, &out.prefill);
+    out.decode_status = call.Finish(&out);
     return out;
   }
 

@@ -37,22 +37,14 @@ TEST_F(WorkersTest, GreedyTokenSelectMatchesGenerator) {
   // A budget far below the prompt, so both prefill (mean-query selection per chunk) and decode
   // (soft vote through the selection cache) select.
   pb::WorkerRequest request = Request("ts-1", 64, 10);
-  pb::SelectionParams* s = request.mutable_selection();
-  s->set_policy(pb::SELECTION_POLICY_TOKENSELECT);
-  s->set_k(8);
-  s->set_n_init(4);
-  s->set_n_local(8);
-  s->set_theta(0.5);
-  s->set_chunk_size(16);
+  engine::SelectionOptions selection = Select(
+      {pb::SELECTION_POLICY_TOKENSELECT, engine::SelectionPolicyKind::kTokenSelect, 8, 4, 8, 16},
+      &request);
+  request.mutable_selection()->set_theta(0.5);
+  selection.theta = 0.5;
   Outcome out = Run(request);
   ASSERT_TRUE(out.prefill_status.ok()) << out.prefill_status.error_message();
   ASSERT_TRUE(out.decode_status.ok()) << out.decode_status.error_message();
-  engine::SelectionOptions selection;
-  selection.k = 8;
-  selection.n_init = 4;
-  selection.n_local = 8;
-  selection.theta = 0.5;
-  selection.chunk_size = 16;
   engine::GenerationResult want = Reference(request, selection);
   EXPECT_EQ(out.ids, want.token_ids);
   EXPECT_EQ(out.final.selection_stats().cache_hits(), want.stats.cache.hits);
@@ -96,25 +88,13 @@ TEST_F(WorkersTest, ConcurrentRequestsBatchAndMatchGenerator) {
 
 TEST_F(WorkersTest, ShutdownLetsRunningRequestsFinish) {
   pb::WorkerRequest request = Request("drain-1", 16, 40);
-  auto stub = DecodeStub(decode_->address());
-  grpc::ClientContext dctx;
-  pb::DecodeRequest dreq;
-  *dreq.mutable_request() = request;
-  auto reader = stub->Decode(&dctx, dreq);
-  pb::DecodeResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));
-  grpc::ClientContext pctx;
-  pb::PrefillRequest preq;
-  *preq.mutable_request() = request;
-  preq.set_decode_worker_address(decode_->address());
-  *preq.mutable_reservation() = msg.reservation();
-  pb::PrefillResponse presp;
-  ASSERT_TRUE(prefill_stub_->Prefill(&pctx, preq, &presp).ok());
+  DecodeCall call;
+  ASSERT_TRUE(OpenDecode(request, &call));
+  ASSERT_TRUE(Prefill(request, call.reservation).ok());
   std::thread stopper([&] { decode_->Shutdown(absl::Seconds(10)); });
-  int tokens = 0;
-  while (reader->Read(&msg)) tokens += msg.tokens().token_ids_size();
-  EXPECT_TRUE(reader->Finish().ok());
-  EXPECT_EQ(tokens, 40);
+  Outcome out;
+  EXPECT_TRUE(call.Finish(&out).ok());
+  EXPECT_EQ(out.ids.size(), 40u);
   stopper.join();
   EXPECT_EQ(decode_->engine().pool().num_free_pages(), 64);
 }
@@ -186,23 +166,12 @@ TEST_F(WorkersTest, EveryPolicyMatchesGenerator) {
   int n = 0;
   for (const Case& c : cases) {
     pb::WorkerRequest request = Request("policy-" + std::to_string(n++), 200, 12);
-    pb::SelectionParams* s = request.mutable_selection();
-    s->set_policy(c.wire);
-    s->set_k(32);
-    s->set_n_init(4);
-    s->set_n_local(16);
-    s->set_chunk_size(32);
+    const engine::SelectionOptions selection = Select({c.wire, c.policy, 32, 4, 16, 32}, &request);
     Outcome out = Run(request);
     const std::string name(engine::PolicyName(c.policy));
     ASSERT_TRUE(out.prefill_status.ok()) << name << ": " << out.prefill_status.error_message();
     ASSERT_TRUE(out.decode_status.ok()) << name << ": " << out.decode_status.error_message();
     EXPECT_EQ(out.ids.size(), 12u) << name;
-    engine::SelectionOptions selection;
-    selection.policy = c.policy;
-    selection.k = 32;
-    selection.n_init = 4;
-    selection.n_local = 16;
-    selection.chunk_size = 32;
     EXPECT_EQ(out.ids, Reference(request, selection).token_ids) << name;
   }
 }
@@ -236,20 +205,13 @@ TEST_F(WorkersTest, InfLlmWithSmallBlocksMatchesGenerator) {
   ASSERT_TRUE(decode.ok()) << decode.status();
 
   pb::WorkerRequest request = Request("infllm-blocks", 200, 12);
-  pb::SelectionParams* s = request.mutable_selection();
-  s->set_policy(pb::SELECTION_POLICY_INFLLM);
-  s->set_k(32);
-  s->set_n_init(4);
-  s->set_n_local(16);
-  s->set_chunk_size(32);
+  const engine::SelectionOptions reference =
+      Select({pb::SELECTION_POLICY_INFLLM, engine::SelectionPolicyKind::kInfLlm, 32, 4, 16, 32},
+             &request, selection);
   Outcome out = Run(request, decode->get());
   ASSERT_TRUE(out.prefill_status.ok()) << out.prefill_status.error_message();
   ASSERT_TRUE(out.decode_status.ok()) << out.decode_status.error_message();
-  selection.k = 32;
-  selection.n_init = 4;
-  selection.n_local = 16;
-  selection.chunk_size = 32;
-  EXPECT_EQ(out.ids, Reference(request, selection).token_ids);
+  EXPECT_EQ(out.ids, Reference(request, reference).token_ids);
   (*decode)->Shutdown(absl::Seconds(1));
   EXPECT_TRUE((*decode)->engine().pool().CheckNoLeaks().ok());
 }
