@@ -201,6 +201,7 @@ absl::StatusOr<engine::GenerationResult> GenerateOnCuda(engine::LoadFormat forma
   cuda.max_chunk = options.selection.chunk_size;
   cuda.page_size = absl::GetFlag(FLAGS_page_size);
   cuda.max_tokens = absl::GetFlag(FLAGS_max_context);
+  cuda.max_batch = 1;  // one request: no batched decode
   if (cuda.max_tokens < 1) return absl::InvalidArgumentError("--max_context must be >= 1");
   ASSIGN_OR_RETURN(engine::LoadedCudaModel loaded,
                    engine::LoadCudaModelDirectory(absl::GetFlag(FLAGS_model), format,

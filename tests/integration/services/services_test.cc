@@ -312,7 +312,7 @@ TEST_F(ServicesTest, OfflineCliDeviceFlag) {
   const std::string out =
       RunAndCapture({BinDir() + "/tokenselect", "generate", "--model", *model_, "--prompt", "x",
                      "--max_new_tokens", "3", "--device", "cuda", "--max_context", "64",
-                     "--chunk_size", "64", "--print_ids"},
+                     "--chunk_size", "8", "--print_ids"},
                     *dir_ + "/device-cuda.log", &rc);
   if (rc == 0) {
     EXPECT_THAT(out, HasSubstr("ids: "));
