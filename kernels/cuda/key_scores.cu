@@ -27,7 +27,11 @@
 // over the kv heads of a 16-token tile, cp.async stages): 0.610 ms, and its 2-part q split left
 // logit errors ~3e-5 that broke the test's vote-sum tolerance; it with L2 prefetch 2 / 4 tiles
 // ahead: 0.723 / 0.972 ms; contiguous instead of paged slots: 0.622 ms (0.636 paged, same run).
-// All land at ~3.4-3.5 TB/s of keys.
+// All land at ~3.4-3.5 TB/s of keys. What helped: issuing the next step's key loads right after
+// this step's dot products (before its reduce-scatter and statistics), for G = 2 and 4 where the
+// extra registers fit under 128 (2 blocks of 256 threads per SM still): 0.585 ms at 1M, 3.67 TB/s
+// of keys (80% of a measured 4.57 TB/s pure read). bench_read_pattern_cuda shows the access
+// pattern itself reaches ~4.2 TB/s with enough loads in flight per SM.
 
 // The skip flag (selection.h): every kernel returns before writing anything when it is set; the
 // score kernel's workspace counter then stays at 0, ready for the next launch.
@@ -155,14 +159,29 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
   int32_t slot[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) slot[t] = __ldg(p.slots + min(base + t, end - 1));
-  for (; base < end; base += stride) {
-    uint4 raw[T];
+  // Software pipeline (G = 2, 4: it fits in 128 registers; G = 1, 8 would spill): a step's key
+  // loads are issued right after the previous step's dot products, so they are in flight during
+  // its reduce-scatter and statistics update (the key registers are free by then; v[] holds the
+  // sums). Without it a step's loads are issued at the top of the step.
+  constexpr bool kPipeline = G == 2 || G == 4;
+  uint4 raw[T];
+  auto load_keys = [&]() {
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       raw[t] = __ldg(keys + static_cast<int64_t>(slot[t]) * row_vecs + kv_load * L + sub);
     }
+  };
+  if constexpr (kPipeline) {
+    load_keys();
 #pragma unroll
     for (int t = 0; t < T; ++t) slot[t] = __ldg(p.slots + min(base + stride + t, end - 1));
+  }
+  for (; base < end; base += stride) {
+    if constexpr (!kPipeline) {
+      load_keys();
+#pragma unroll
+      for (int t = 0; t < T; ++t) slot[t] = __ldg(p.slots + min(base + stride + t, end - 1));
+    }
     float v[NV];
 #pragma unroll
     for (int t = 0; t < T; ++t) {
@@ -175,6 +194,13 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
         for (int e = 0; e < 8; ++e) acc = fmaf(q[gi][e], k8[e], acc);
         v[t * G + gi] = acc;
       }
+    }
+    if constexpr (kPipeline) {
+      // The next step's keys (clamped into range past the end: an L2 hit, results unused) and
+      // the slot ids of the step after it.
+      load_keys();
+#pragma unroll
+      for (int t = 0; t < T; ++t) slot[t] = __ldg(p.slots + min(base + 2 * stride + t, end - 1));
     }
     // Reduce-scatter over the L lanes of a kv head: afterwards lane `sub` holds the full sums
     // sub*VPL .. sub*VPL+VPL-1.
