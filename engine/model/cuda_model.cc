@@ -1,3 +1,6 @@
+// CudaModel at run time: sequences in the page pool, the forward step (graph-captured segments
+// around per-sequence selection and attention), Forward, DecodeBatch and greedy choice.
+// Construction and weight upload are in cuda_model_load.cc.
 #include "engine/model/cuda_model.h"
 
 #include <cuda_bf16.h>
@@ -5,189 +8,29 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <functional>
-#include <map>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/model/cuda_model_internal.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/sampling.h"
-#include "kernels/cuda/selection_list.h"
 #include "kernels/cuda/simple_attention.h"
-#include "kernels/ops.h"
 
 namespace tokenselect::engine {
 namespace {
 
 namespace kc = kernels::cuda;
+using cuda_model_internal::DeviceMemory;
+using cuda_model_internal::LayerBuffers;
 using kc::CudaStatus;
 
-// An owning device allocation (bytes).
-class DeviceMemory {
- public:
-  DeviceMemory() = default;
-  ~DeviceMemory() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  DeviceMemory(DeviceMemory&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) {
-    other.ptr_ = nullptr;
-    other.bytes_ = 0;
-  }
-  absl::Status Allocate(size_t bytes) {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = nullptr;
-    bytes_ = bytes;
-    if (bytes == 0) return absl::OkStatus();
-    const cudaError_t err = cudaMalloc(&ptr_, bytes);
-    if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      ptr_ = nullptr;
-      bytes_ = 0;
-      return absl::ResourceExhaustedError(
-          absl::StrCat("CudaModel: out of device memory allocating ", bytes, " bytes"));
-    }
-    return CudaStatus(err, "cudaMalloc");
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  __nv_bfloat16* bf16() const { return as<__nv_bfloat16>(); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-uint16_t ToBf16Bits(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-struct LayerBuffers {
-  DeviceMemory input_norm, post_norm;  // bf16 [hidden]
-  DeviceMemory qkv, qkv_bias;          // bf16 [q_dim + 2 kv_dim, hidden], [q_dim + 2 kv_dim]
-  DeviceMemory o, o_bias;              // bf16 [hidden, q_dim], fp32 [hidden]
-  DeviceMemory gate_up, gate_up_bias;  // bf16 [2 inter, hidden], [2 inter]
-  DeviceMemory down, down_bias;        // bf16 [hidden, inter], fp32 [hidden]
-  DeviceMemory k_cache, v_cache;       // bf16 [num_slots, kv_dim]
-};
-
-constexpr int64_t kSlabElements = int64_t{1} << 24;  // host staging per upload copy (64 MiB fp32)
-
 }  // namespace
-
-// Where weight values come from: a loaded ModelWeights, or the dummy generator. Fill writes
-// elements [begin, begin + count) of the named tensor as fp32.
-class CudaModel::TensorSource {
- public:
-  using Fill = std::function<void(const WeightEntry& entry, int64_t begin, int64_t count,
-                                  float* out)>;
-  TensorSource(const ModelConfig& config, Fill fill) : fill_(std::move(fill)) {
-    for (WeightEntry& e : ListWeights(config, nullptr)) entries_.emplace(e.name, std::move(e));
-  }
-  const WeightEntry* Find(const std::string& name) const {
-    auto it = entries_.find(name);
-    return it == entries_.end() ? nullptr : &it->second;
-  }
-  void Read(const WeightEntry& e, int64_t begin, int64_t count, float* out) const {
-    fill_(e, begin, count, out);
-  }
-
- private:
-  std::map<std::string, WeightEntry> entries_;
-  Fill fill_;
-};
-
-namespace {
-
-// Uploads the concatenation of the named tensors (absent names, e.g. biases a model does not
-// have, are skipped; all absent leaves `out` unallocated) as bf16, or as fp32 when `fp32`.
-template <typename Source>
-absl::Status UploadTensors(const Source& source, std::initializer_list<std::string> names,
-                           bool fp32, DeviceMemory* out, int64_t* total_bytes) {
-  std::vector<const WeightEntry*> parts;
-  int64_t n = 0;
-  for (const std::string& name : names) {
-    if (const WeightEntry* e = source.Find(name)) {
-      parts.push_back(e);
-      n += e->num_elements();
-    }
-  }
-  if (n == 0) return absl::OkStatus();
-  const size_t elem = fp32 ? 4 : 2;
-  RETURN_IF_ERROR(out->Allocate(static_cast<size_t>(n) * elem));
-  *total_bytes += n * static_cast<int64_t>(elem);
-  std::vector<float> slab;
-  std::vector<uint16_t> bits;
-  int64_t offset = 0;
-  for (const WeightEntry* e : parts) {
-    const int64_t count = e->num_elements();
-    for (int64_t begin = 0; begin < count; begin += kSlabElements) {
-      const int64_t len = std::min(kSlabElements, count - begin);
-      slab.resize(static_cast<size_t>(len));
-      source.Read(*e, begin, len, slab.data());
-      char* dst = out->as<char>() + (offset + begin) * static_cast<int64_t>(elem);
-      if (fp32) {
-        RETURN_IF_ERROR(CudaStatus(cudaMemcpy(dst, slab.data(), len * 4, cudaMemcpyHostToDevice),
-                                   "upload"));
-      } else {
-        bits.resize(static_cast<size_t>(len));
-#pragma omp parallel for schedule(static) if (len >= (1 << 16))
-        for (int64_t i = 0; i < len; ++i) bits[i] = ToBf16Bits(slab[i]);
-        RETURN_IF_ERROR(CudaStatus(cudaMemcpy(dst, bits.data(), len * 2, cudaMemcpyHostToDevice),
-                                   "upload"));
-      }
-    }
-    offset += count;
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-struct CudaModel::Device {
-  cudaStream_t stream = nullptr;
-  std::unique_ptr<kc::GemmRunner> gemm;
-  std::vector<LayerBuffers> layers;
-  DeviceMemory embed, lm_head, norm, inv_freq;
-  // Activations for up to max_chunk rows; logits and greedy ids for up to max_batch rows.
-  DeviceMemory x, h, qkv, attn, gate_up, act, logits, tokens, new_slots, greedy;
-  // iota[i] = i (dense lists' positions); q_indptr = {0, m} (prefill steps).
-  DeviceMemory iota, q_indptr, attention_workspace;
-  int64_t num_pages = 0;
-  std::vector<int32_t> free_pages;  // handed out from the front, in a scrambled order
-  // Full attention for the rows of a step that have no provider (one per row: each keeps its
-  // own indptr / positions buffers).
-  std::vector<std::unique_ptr<CudaDenseAttention>> dense_rows;
-  int num_sms = 0;
-  bool tuned_attention = false;
-  // Decode-step graphs of segments 0..num_layers (see EnqueueSegment) per batch size m,
-  // captured on first use.
-  std::map<int64_t, std::vector<cudaGraphExec_t>> graphs;
-
-  ~Device() {
-    for (auto& [m, execs] : graphs) {
-      for (cudaGraphExec_t g : execs) {
-        if (g != nullptr) cudaGraphExecDestroy(g);
-      }
-    }
-    if (stream != nullptr) cudaStreamDestroy(stream);
-  }
-};
 
 CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
     : config_(config), options_(options), dev_(std::make_unique<Device>()) {}
@@ -240,136 +83,6 @@ absl::StatusOr<std::unique_ptr<CudaSequence>> CudaModel::NewSequence(int64_t max
 }
 
 cudaStream_t CudaModel::stream() const { return dev_->stream; }
-
-absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const ModelConfig& config,
-                                                             const ModelWeights& weights,
-                                                             const CudaModelOptions& options) {
-  RETURN_IF_ERROR(ValidateModelConfig(config));
-  RETURN_IF_ERROR(CheckWeightShapes(config, weights));
-  std::map<std::string, const std::vector<float>*> data;
-  for (const ConstWeightEntry& e : ListWeights(config, weights)) data[e.name] = e.data;
-  TensorSource source(config, [&data](const WeightEntry& e, int64_t begin, int64_t count,
-                                      float* out) {
-    std::memcpy(out, data.at(e.name)->data() + begin, static_cast<size_t>(count) * 4);
-  });
-  return Build(config, source, options);
-}
-
-absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::CreateDummy(
-    const ModelConfig& config, const DummyWeightOptions& dummy, const CudaModelOptions& options) {
-  RETURN_IF_ERROR(ValidateModelConfig(config));
-  TensorSource source(config, [&dummy](const WeightEntry& e, int64_t begin, int64_t count,
-                                       float* out) {
-    FillDummyTensor(e.name, e.kind, e.fan_in, dummy, begin, count, out);
-  });
-  return Build(config, source, options);
-}
-
-absl::Status CudaModel::CheckDevice() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    cudaGetLastError();  // clear it
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no usable CUDA device (", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices",
-        "); run on a GPU host or use the CPU backend"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& config,
-                                                            const TensorSource& source,
-                                                            const CudaModelOptions& options) {
-  RETURN_IF_ERROR(CheckDevice());
-  if (options.max_tokens <= 0 || options.page_size <= 0 || options.max_chunk <= 0 ||
-      options.max_batch <= 0 || options.max_batch > options.max_chunk ||
-      options.max_tokens > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(
-        "CudaModel: max_tokens, page_size, max_chunk and max_batch must be positive, max_batch <= "
-        "max_chunk and max_tokens <= 2^30");
-  }
-  std::unique_ptr<CudaModel> model(new CudaModel(config, options));
-  Device& d = *model->dev_;
-  const ModelConfig& c = config;
-  RETURN_IF_ERROR(
-      CudaStatus(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
-  RETURN_IF_ERROR(CudaStatus(kc::GemmRunner::Create(&d.gemm), "cuBLASLt setup"));
-  int device = 0;
-  RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "device query"));
-  RETURN_IF_ERROR(CudaStatus(
-      cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, device), "device query"));
-  const int64_t group = c.group_size();
-  d.tuned_attention = (c.head_dim == 64 || c.head_dim == 128) &&
-                      (group == 1 || group == 2 || group == 4 || group == 8);
-
-  // Pages in a scrambled order (odd pages first, then even ones, each descending): slots of
-  // consecutive tokens are not consecutive, as in a pool shared by many requests.
-  const int64_t num_pages = (options.max_tokens + options.page_size - 1) / options.page_size;
-  d.num_pages = num_pages;
-  for (int64_t parity : {1, 0}) {
-    for (int64_t p = num_pages - 1; p >= 0; --p) {
-      if (p % 2 == parity) d.free_pages.push_back(static_cast<int32_t>(p));
-    }
-  }
-  const int64_t num_slots = num_pages * options.page_size;
-  const size_t kv_bytes = static_cast<size_t>(num_slots * c.kv_dim()) * 2;
-
-  int64_t* wb = &model->weight_bytes_;
-  const bool f32 = true, bf16 = false;
-  d.layers.resize(static_cast<size_t>(c.num_layers));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    LayerBuffers& b = d.layers[l];
-    const std::string p = absl::StrCat("model.layers.", l, ".");
-    const std::string a = p + "self_attn.", m = p + "mlp.";
-    RETURN_IF_ERROR(UploadTensors(source, {p + "input_layernorm.weight"}, bf16, &b.input_norm, wb));
-    RETURN_IF_ERROR(
-        UploadTensors(source, {p + "post_attention_layernorm.weight"}, bf16, &b.post_norm, wb));
-    RETURN_IF_ERROR(UploadTensors(
-        source, {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, bf16, &b.qkv,
-        wb));
-    RETURN_IF_ERROR(UploadTensors(source,
-                                  {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}, bf16,
-                                  &b.qkv_bias, wb));
-    RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.weight"}, bf16, &b.o, wb));
-    RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.bias"}, f32, &b.o_bias, wb));
-    RETURN_IF_ERROR(UploadTensors(source, {m + "gate_proj.weight", m + "up_proj.weight"}, bf16,
-                                  &b.gate_up, wb));
-    RETURN_IF_ERROR(UploadTensors(source, {m + "gate_proj.bias", m + "up_proj.bias"}, bf16,
-                                  &b.gate_up_bias, wb));
-    RETURN_IF_ERROR(UploadTensors(source, {m + "down_proj.weight"}, bf16, &b.down, wb));
-    RETURN_IF_ERROR(UploadTensors(source, {m + "down_proj.bias"}, f32, &b.down_bias, wb));
-    RETURN_IF_ERROR(b.k_cache.Allocate(kv_bytes));
-    RETURN_IF_ERROR(b.v_cache.Allocate(kv_bytes));
-    model->kv_bytes_ += static_cast<int64_t>(2 * kv_bytes);
-  }
-  RETURN_IF_ERROR(UploadTensors(source, {"model.embed_tokens.weight"}, bf16, &d.embed, wb));
-  RETURN_IF_ERROR(UploadTensors(source, {"lm_head.weight"}, bf16, &d.lm_head, wb));  // or tied
-  RETURN_IF_ERROR(UploadTensors(source, {"model.norm.weight"}, bf16, &d.norm, wb));
-  const std::vector<float> inv_freq = kernels::RopeInverseFrequencies(ToRopeParams(c));
-  RETURN_IF_ERROR(d.inv_freq.Allocate(inv_freq.size() * 4));
-  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(d.inv_freq.as<void>(), inv_freq.data(),
-                                        inv_freq.size() * 4, cudaMemcpyHostToDevice),
-                             "upload"));
-
-  const int64_t rows = options.max_chunk;
-  const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
-  RETURN_IF_ERROR(d.x.Allocate(rows * c.hidden_size * 4));
-  RETURN_IF_ERROR(d.h.Allocate(rows * c.hidden_size * 2));
-  RETURN_IF_ERROR(d.qkv.Allocate(rows * qkv_dim * 2));
-  RETURN_IF_ERROR(d.attn.Allocate(rows * c.q_dim() * 2));
-  RETURN_IF_ERROR(d.gate_up.Allocate(rows * 2 * c.intermediate_size * 2));
-  RETURN_IF_ERROR(d.act.Allocate(rows * c.intermediate_size * 2));
-  RETURN_IF_ERROR(d.logits.Allocate(options.max_batch * c.vocab_size * 4));
-  RETURN_IF_ERROR(d.tokens.Allocate(rows * 4));
-  RETURN_IF_ERROR(d.new_slots.Allocate(rows * 4));
-  RETURN_IF_ERROR(d.greedy.Allocate(options.max_batch * 4));
-  RETURN_IF_ERROR(d.q_indptr.Allocate(2 * 4));
-  const int64_t iota_len = options.max_tokens + options.max_chunk + 1;
-  RETURN_IF_ERROR(d.iota.Allocate(iota_len * 4));
-  RETURN_IF_ERROR(CudaStatus(kc::FillIota(d.iota.as<int32_t>(), iota_len, d.stream), "FillIota"));
-  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "CudaModel setup"));
-  return model;
-}
 
 // Segment 0: embedding, then layer 0 up to its KV append. Segment s in [1, num_layers]: layer
 // s - 1 after its attention (o_proj, MLP), then layer s up to its KV append, or for the last
@@ -744,45 +457,6 @@ absl::StatusOr<std::vector<int32_t>> CudaModel::GreedyTokens() {
 absl::StatusOr<int32_t> CudaModel::GreedyToken() {
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, GreedyTokens());
   return ids[0];
-}
-
-// CudaDenseAttention ---------------------------------------------------------------------------
-
-absl::Status CudaDenseAttention::Create(int64_t max_new, CudaDenseAttention* out) {
-  if (max_new < 1) return absl::InvalidArgumentError("CudaDenseAttention: max_new must be >= 1");
-  if (out->buffer_ != nullptr) cudaFree(out->buffer_);
-  out->buffer_ = nullptr;
-  void* buffer = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&buffer, (2 + 2 * max_new) * 4), "cudaMalloc"));
-  out->buffer_ = static_cast<int32_t*>(buffer);
-  out->max_new_ = max_new;
-  return absl::OkStatus();
-}
-
-CudaDenseAttention::~CudaDenseAttention() {
-  if (buffer_ != nullptr) cudaFree(buffer_);
-}
-
-absl::Status CudaDenseAttention::Select(const CudaAttentionQuery& query, CudaAttentionList* list) {
-  if (buffer_ == nullptr || query.num_new > max_new_) {
-    return absl::FailedPreconditionError("CudaDenseAttention: not created for this step size");
-  }
-  if (query.layer == 0) {  // the same list serves every layer of a step
-    kc::DenseListParams p;
-    p.kv_indptr = buffer_;
-    p.q_positions = buffer_ + 2;
-    p.visible = buffer_ + 2 + max_new_;
-    p.num_cached = query.cache_length;
-    p.num_new = query.num_new;
-    RETURN_IF_ERROR(CudaStatus(kc::FillDenseList(p, query.stream), "FillDenseList"));
-  }
-  list->kv_indptr = buffer_;
-  list->kv_indices = query.token_slots;
-  list->kv_positions = query.iota;
-  list->q_positions = buffer_ + 2;
-  list->visible = buffer_ + 2 + max_new_;
-  list->max_kv_len = query.cache_length + query.num_new;
-  return absl::OkStatus();
 }
 
 }  // namespace tokenselect::engine

@@ -1,0 +1,238 @@
+// CudaModel construction: the device, the weights (from a ModelWeights or the dummy
+// generator, uploaded slab by slab as bf16 with fused q|k|v and gate|up), the page pool and the
+// activation buffers.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/model/cuda_model.h"
+#include "engine/model/cuda_model_internal.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/selection_list.h"
+#include "kernels/ops.h"
+
+namespace tokenselect::engine {
+namespace {
+
+namespace kc = kernels::cuda;
+using cuda_model_internal::DeviceMemory;
+using cuda_model_internal::LayerBuffers;
+using kc::CudaStatus;
+
+uint16_t ToBf16Bits(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+constexpr int64_t kSlabElements = int64_t{1} << 24;  // host staging per upload copy (64 MiB fp32)
+
+}  // namespace
+
+// Where weight values come from: a loaded ModelWeights, or the dummy generator. Fill writes
+// elements [begin, begin + count) of the named tensor as fp32.
+class CudaModel::TensorSource {
+ public:
+  using Fill = std::function<void(const WeightEntry& entry, int64_t begin, int64_t count,
+                                  float* out)>;
+  TensorSource(const ModelConfig& config, Fill fill) : fill_(std::move(fill)) {
+    for (WeightEntry& e : ListWeights(config, nullptr)) entries_.emplace(e.name, std::move(e));
+  }
+  const WeightEntry* Find(const std::string& name) const {
+    auto it = entries_.find(name);
+    return it == entries_.end() ? nullptr : &it->second;
+  }
+  void Read(const WeightEntry& e, int64_t begin, int64_t count, float* out) const {
+    fill_(e, begin, count, out);
+  }
+
+ private:
+  std::map<std::string, WeightEntry> entries_;
+  Fill fill_;
+};
+
+namespace {
+
+// Uploads the concatenation of the named tensors (absent names, e.g. biases a model does not
+// have, are skipped; all absent leaves `out` unallocated) as bf16, or as fp32 when `fp32`.
+template <typename Source>
+absl::Status UploadTensors(const Source& source, std::initializer_list<std::string> names,
+                           bool fp32, DeviceMemory* out, int64_t* total_bytes) {
+  std::vector<const WeightEntry*> parts;
+  int64_t n = 0;
+  for (const std::string& name : names) {
+    if (const WeightEntry* e = source.Find(name)) {
+      parts.push_back(e);
+      n += e->num_elements();
+    }
+  }
+  if (n == 0) return absl::OkStatus();
+  const size_t elem = fp32 ? 4 : 2;
+  RETURN_IF_ERROR(out->Allocate(static_cast<size_t>(n) * elem));
+  *total_bytes += n * static_cast<int64_t>(elem);
+  std::vector<float> slab;
+  std::vector<uint16_t> bits;
+  int64_t offset = 0;
+  for (const WeightEntry* e : parts) {
+    const int64_t count = e->num_elements();
+    for (int64_t begin = 0; begin < count; begin += kSlabElements) {
+      const int64_t len = std::min(kSlabElements, count - begin);
+      slab.resize(static_cast<size_t>(len));
+      source.Read(*e, begin, len, slab.data());
+      char* dst = out->as<char>() + (offset + begin) * static_cast<int64_t>(elem);
+      if (fp32) {
+        RETURN_IF_ERROR(CudaStatus(cudaMemcpy(dst, slab.data(), len * 4, cudaMemcpyHostToDevice),
+                                   "upload"));
+      } else {
+        bits.resize(static_cast<size_t>(len));
+#pragma omp parallel for schedule(static) if (len >= (1 << 16))
+        for (int64_t i = 0; i < len; ++i) bits[i] = ToBf16Bits(slab[i]);
+        RETURN_IF_ERROR(CudaStatus(cudaMemcpy(dst, bits.data(), len * 2, cudaMemcpyHostToDevice),
+                                   "upload"));
+      }
+    }
+    offset += count;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const ModelConfig& config,
+                                                             const ModelWeights& weights,
+                                                             const CudaModelOptions& options) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  RETURN_IF_ERROR(CheckWeightShapes(config, weights));
+  std::map<std::string, const std::vector<float>*> data;
+  for (const ConstWeightEntry& e : ListWeights(config, weights)) data[e.name] = e.data;
+  TensorSource source(config, [&data](const WeightEntry& e, int64_t begin, int64_t count,
+                                      float* out) {
+    std::memcpy(out, data.at(e.name)->data() + begin, static_cast<size_t>(count) * 4);
+  });
+  return Build(config, source, options);
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::CreateDummy(
+    const ModelConfig& config, const DummyWeightOptions& dummy, const CudaModelOptions& options) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  TensorSource source(config, [&dummy](const WeightEntry& e, int64_t begin, int64_t count,
+                                       float* out) {
+    FillDummyTensor(e.name, e.kind, e.fan_in, dummy, begin, count, out);
+  });
+  return Build(config, source, options);
+}
+
+absl::Status CudaModel::CheckDevice() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear it
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable CUDA device (", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices",
+        "); run on a GPU host or use the CPU backend"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& config,
+                                                            const TensorSource& source,
+                                                            const CudaModelOptions& options) {
+  RETURN_IF_ERROR(CheckDevice());
+  if (options.max_tokens <= 0 || options.page_size <= 0 || options.max_chunk <= 0 ||
+      options.max_batch <= 0 || options.max_batch > options.max_chunk ||
+      options.max_tokens > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        "CudaModel: max_tokens, page_size, max_chunk and max_batch must be positive, max_batch <= "
+        "max_chunk and max_tokens <= 2^30");
+  }
+  std::unique_ptr<CudaModel> model(new CudaModel(config, options));
+  Device& d = *model->dev_;
+  const ModelConfig& c = config;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  RETURN_IF_ERROR(CudaStatus(kc::GemmRunner::Create(&d.gemm), "cuBLASLt setup"));
+  int device = 0;
+  RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "device query"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, device), "device query"));
+  const int64_t group = c.group_size();
+  d.tuned_attention = (c.head_dim == 64 || c.head_dim == 128) &&
+                      (group == 1 || group == 2 || group == 4 || group == 8);
+
+  // Pages in a scrambled order (odd pages first, then even ones, each descending): slots of
+  // consecutive tokens are not consecutive, as in a pool shared by many requests.
+  const int64_t num_pages = (options.max_tokens + options.page_size - 1) / options.page_size;
+  d.num_pages = num_pages;
+  for (int64_t parity : {1, 0}) {
+    for (int64_t p = num_pages - 1; p >= 0; --p) {
+      if (p % 2 == parity) d.free_pages.push_back(static_cast<int32_t>(p));
+    }
+  }
+  const int64_t num_slots = num_pages * options.page_size;
+  const size_t kv_bytes = static_cast<size_t>(num_slots * c.kv_dim()) * 2;
+
+  int64_t* wb = &model->weight_bytes_;
+  const bool f32 = true, bf16 = false;
+  d.layers.resize(static_cast<size_t>(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LayerBuffers& b = d.layers[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    const std::string a = p + "self_attn.", m = p + "mlp.";
+    RETURN_IF_ERROR(UploadTensors(source, {p + "input_layernorm.weight"}, bf16, &b.input_norm, wb));
+    RETURN_IF_ERROR(
+        UploadTensors(source, {p + "post_attention_layernorm.weight"}, bf16, &b.post_norm, wb));
+    RETURN_IF_ERROR(UploadTensors(
+        source, {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, bf16, &b.qkv,
+        wb));
+    RETURN_IF_ERROR(UploadTensors(source,
+                                  {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}, bf16,
+                                  &b.qkv_bias, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.weight"}, bf16, &b.o, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.bias"}, f32, &b.o_bias, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {m + "gate_proj.weight", m + "up_proj.weight"}, bf16,
+                                  &b.gate_up, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {m + "gate_proj.bias", m + "up_proj.bias"}, bf16,
+                                  &b.gate_up_bias, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {m + "down_proj.weight"}, bf16, &b.down, wb));
+    RETURN_IF_ERROR(UploadTensors(source, {m + "down_proj.bias"}, f32, &b.down_bias, wb));
+    RETURN_IF_ERROR(b.k_cache.Allocate(kv_bytes));
+    RETURN_IF_ERROR(b.v_cache.Allocate(kv_bytes));
+    model->kv_bytes_ += static_cast<int64_t>(2 * kv_bytes);
+  }
+  RETURN_IF_ERROR(UploadTensors(source, {"model.embed_tokens.weight"}, bf16, &d.embed, wb));
+  RETURN_IF_ERROR(UploadTensors(source, {"lm_head.weight"}, bf16, &d.lm_head, wb));  // or tied
+  RETURN_IF_ERROR(UploadTensors(source, {"model.norm.weight"}, bf16, &d.norm, wb));
+  const std::vector<float> inv_freq = kernels::RopeInverseFrequencies(ToRopeParams(c));
+  RETURN_IF_ERROR(d.inv_freq.Allocate(inv_freq.size() * 4));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(d.inv_freq.as<void>(), inv_freq.data(),
+                                        inv_freq.size() * 4, cudaMemcpyHostToDevice),
+                             "upload"));
+
+  const int64_t rows = options.max_chunk;
+  const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  RETURN_IF_ERROR(d.x.Allocate(rows * c.hidden_size * 4));
+  RETURN_IF_ERROR(d.h.Allocate(rows * c.hidden_size * 2));
+  RETURN_IF_ERROR(d.qkv.Allocate(rows * qkv_dim * 2));
+  RETURN_IF_ERROR(d.attn.Allocate(rows * c.q_dim() * 2));
+  RETURN_IF_ERROR(d.gate_up.Allocate(rows * 2 * c.intermediate_size * 2));
+  RETURN_IF_ERROR(d.act.Allocate(rows * c.intermediate_size * 2));
+  RETURN_IF_ERROR(d.logits.Allocate(options.max_batch * c.vocab_size * 4));
+  RETURN_IF_ERROR(d.tokens.Allocate(rows * 4));
+  RETURN_IF_ERROR(d.new_slots.Allocate(rows * 4));
+  RETURN_IF_ERROR(d.greedy.Allocate(options.max_batch * 4));
+  RETURN_IF_ERROR(d.q_indptr.Allocate(2 * 4));
+  const int64_t iota_len = options.max_tokens + options.max_chunk + 1;
+  RETURN_IF_ERROR(d.iota.Allocate(iota_len * 4));
+  RETURN_IF_ERROR(CudaStatus(kc::FillIota(d.iota.as<int32_t>(), iota_len, d.stream), "FillIota"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "CudaModel setup"));
+  return model;
+}
+
+}  // namespace tokenselect::engine
