@@ -62,7 +62,7 @@ ABSL_FLAG(int64_t, chunk_size, 512, "generate: prompt tokens per prefill step (c
 ABSL_FLAG(int64_t, page_size, 16, "generate: KV cache page size in tokens.");
 ABSL_FLAG(std::string, device, "cpu",
           "generate: cpu, or cuda (GPU 0, bf16; CUDA builds only; policies tokenselect, topk, "
-          "dense, streaming).");
+          "quest, dense, streaming).");
 ABSL_FLAG(int64_t, max_context, 131072,
           "generate: with --device cuda, the KV capacity in tokens (prompt + new tokens).");
 

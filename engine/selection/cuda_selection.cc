@@ -11,6 +11,7 @@
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/selection.h"
 #include "kernels/cuda/selection_list.h"
+#include "kernels/cuda/span_scoring.h"
 
 namespace tokenselect::engine {
 namespace {
@@ -72,6 +73,16 @@ struct CudaSelectionAttention::Device {
   int32_t* positions = nullptr;        // [list capacity]
   int32_t* q_positions = nullptr;      // [max_new]
   int32_t* visible = nullptr;          // [max_new]
+  // Quest: per layer the page bounds [max_pages, 2, kv_dim] bf16 (kept from step to step: only
+  // the pages not yet complete are rebuilt), page scores, the selected set and its count.
+  __nv_bfloat16* page_bounds = nullptr;  // [L, max_pages, 2, kv_dim]
+  float* page_scores = nullptr;          // [max_pages]
+  void* quest_workspace = nullptr;
+  int32_t* selected = nullptr;           // [n_init + k + n_local]
+  int32_t* num_selected = nullptr;       // [1]
+  std::vector<int64_t> complete_pages;   // [L]: pages whose bounds are final
+  std::vector<int64_t> seen_tokens;      // [L]: N of the layer's last call
+  int64_t max_pages = 0;
   int64_t max_candidates = 0;
   int64_t max_new = 0;
 };
@@ -90,15 +101,18 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     case SelectionPolicyKind::kTopK:
     case SelectionPolicyKind::kDense:
     case SelectionPolicyKind::kStreaming:
+    case SelectionPolicyKind::kQuest:
       break;
     default:
       return absl::UnimplementedError(absl::StrCat(
           "selection.policy ", PolicyName(options.policy),
-          " has no GPU implementation yet (GPU policies: tokenselect, topk, dense, streaming)"));
+          " has no GPU implementation yet (GPU policies: tokenselect, topk, quest, dense, "
+          "streaming)"));
   }
   const int64_t group = config.num_heads / std::max<int64_t>(1, config.num_kv_heads);
+  const bool quest = options.policy == SelectionPolicyKind::kQuest;
   const bool scores_keys = options.policy == SelectionPolicyKind::kTokenSelect ||
-                           options.policy == SelectionPolicyKind::kTopK;
+                           options.policy == SelectionPolicyKind::kTopK || quest;
   if (scores_keys && ((config.head_dim != 64 && config.head_dim != 128) ||
                       (group != 1 && group != 2 && group != 4 && group != 8))) {
     return absl::UnimplementedError(absl::StrCat(
@@ -116,7 +130,23 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
   d.max_new = max_new;
   d.max_candidates = std::max<int64_t>(0, max_tokens - options.n_init - options.n_local);
   const int64_t k = std::min(options.k, std::max<int64_t>(d.max_candidates, 1));
-  if (scores_keys && d.max_candidates > k) {
+  if (quest && d.max_candidates > 0) {
+    const int64_t page = options.baselines.quest_page_size;
+    d.max_pages = (d.max_candidates + page - 1) / page;
+    const int64_t kv_dim = config.num_kv_heads * config.head_dim;
+    RETURN_IF_ERROR(d.arena.Get(row, &d.query));
+    RETURN_IF_ERROR(d.arena.Get(layers * d.max_pages * 2 * kv_dim, &d.page_bounds));
+    RETURN_IF_ERROR(d.arena.Get(d.max_pages, &d.page_scores));
+    char* ws = nullptr;
+    RETURN_IF_ERROR(d.arena.Get(
+        static_cast<int64_t>(kc::QuestSelectWorkspaceBytes(d.max_pages, options.k, page)), &ws));
+    d.quest_workspace = ws;
+    RETURN_IF_ERROR(
+        d.arena.Get(options.n_init + options.k + options.n_local, &d.selected));
+    RETURN_IF_ERROR(d.arena.Get(1, &d.num_selected));
+    d.complete_pages.assign(static_cast<size_t>(layers), 0);
+    d.seen_tokens.assign(static_cast<size_t>(layers), 0);
+  } else if (scores_keys && !quest && d.max_candidates > k) {
     RETURN_IF_ERROR(d.arena.Get(row, &d.query));
     RETURN_IF_ERROR(d.arena.Get(d.max_candidates * heads, &d.logits));
     RETURN_IF_ERROR(d.arena.Get(heads, &d.head_max));
@@ -176,6 +206,11 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
     list->kv_positions = query.iota;
     bound = n + m;
     ++stats_.full_attention_steps;
+  } else if (o.policy == SelectionPolicyKind::kQuest) {
+    RETURN_IF_ERROR(SelectQuest(query, list));
+    bound = std::min(n, o.n_init + o.k + o.n_local) + m;
+    stats_.candidates_scored += (n - o.n_init - o.n_local + o.baselines.quest_page_size - 1) /
+                                o.baselines.quest_page_size;
   } else {
     kc::SelectedListParams lp;
     lp.kv_indptr = d.indptr;
@@ -257,12 +292,85 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
     list->kv_positions = d.positions;
     bound = lp.n_init + lp.num_picks + lp.n_local + m;
   }
+  if (o.policy == SelectionPolicyKind::kQuest && !CoversAll(o, n)) {
+    list->kv_indices = d.indices;
+    list->kv_positions = d.positions;
+  }
   list->kv_indptr = d.indptr;
   list->q_positions = d.q_positions;
   list->visible = d.visible;
   list->max_kv_len = bound;
   stats_.attended_tokens += bound;
   if (decode) stats_.decode_attended_tokens += bound;
+  return absl::OkStatus();
+}
+
+// Quest: the selection query, the page bounds of the pages not yet complete (earlier pages never
+// change: their tokens and keys are fixed), the page choice, then the list.
+absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query,
+                                                 CudaAttentionList* list) {
+  Device& d = *dev_;
+  const SelectionOptions& o = options_;
+  const ModelConfig& c = config_;
+  const int64_t n = query.cache_length, m = query.num_new, layer = query.layer;
+  const int64_t page = o.baselines.quest_page_size;
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim;
+  cudaStream_t s = query.stream;
+  RETURN_IF_ERROR(CudaStatus(
+      kc::BuildSelectionQuery(d.query, query.q, query.q_row_stride, m, c.num_heads, c.head_dim,
+                              o.n_local, query.inv_freq, s),
+      "BuildSelectionQuery"));
+  if (n < d.seen_tokens[layer]) d.complete_pages[layer] = 0;  // the sequence was rewound
+  d.seen_tokens[layer] = n;
+  const int64_t cand_end = n - o.n_local;
+  const int64_t first = d.complete_pages[layer];
+  const int64_t first_token = o.n_init + first * page;
+  __nv_bfloat16* bounds = d.page_bounds + layer * d.max_pages * 2 * kv_dim;
+  if (first_token < cand_end) {
+    kc::QuestBoundsParams bp;
+    bp.page_bounds = bounds + first * 2 * kv_dim;
+    bp.problem.k_cache = query.k_cache;
+    bp.problem.slots = query.token_slots + first_token;
+    bp.problem.num_tokens = cand_end - first_token;
+    bp.problem.num_heads = c.num_heads;
+    bp.problem.num_kv_heads = c.num_kv_heads;
+    bp.problem.head_dim = c.head_dim;
+    bp.page_size = page;
+    RETURN_IF_ERROR(CudaStatus(kc::QuestBuildPageBounds(bp, s), "QuestBuildPageBounds"));
+  }
+  d.complete_pages[layer] = (cand_end - o.n_init) / page;
+  kc::QuestSelectParams qp;
+  qp.out.tokens = d.selected;
+  qp.out.num_selected = d.num_selected;
+  qp.page_scores = d.page_scores;
+  qp.page_bounds = bounds;
+  qp.problem.query = d.query;
+  qp.problem.slots = query.token_slots;
+  qp.problem.num_tokens = n;
+  qp.problem.num_heads = c.num_heads;
+  qp.problem.num_kv_heads = c.num_kv_heads;
+  qp.problem.head_dim = c.head_dim;
+  qp.problem.scale = o.scale;
+  qp.problem.n_init = o.n_init;
+  qp.problem.k = o.k;
+  qp.problem.n_local = o.n_local;
+  qp.page_size = page;
+  qp.workspace = d.quest_workspace;
+  RETURN_IF_ERROR(CudaStatus(kc::QuestSelect(qp, s), "QuestSelect"));
+  kc::TokensListParams lp;
+  lp.kv_indptr = d.indptr;
+  lp.kv_indices = d.indices;
+  lp.kv_positions = d.positions;
+  lp.q_positions = d.q_positions;
+  lp.visible = d.visible;
+  lp.token_slots = query.token_slots;
+  lp.tokens = d.selected;
+  lp.count = d.num_selected;
+  lp.capacity = o.n_init + o.k + o.n_local;
+  lp.num_cached = n;
+  lp.num_new = m;
+  RETURN_IF_ERROR(CudaStatus(kc::ListFromTokens(lp, s), "ListFromTokens"));
+  (void)list;
   return absl::OkStatus();
 }
 

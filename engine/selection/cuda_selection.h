@@ -7,15 +7,21 @@
 //                                              n_local + i, averaged) -> paged key scores over
 //                                              the candidates [n_init, N - n_local) -> soft vote
 //                                              (tokenselect) or summed logits (topk) -> top-k
+//   quest                                      selection query -> per-page channel min/max of
+//                                              the keys (kept per layer; only pages not yet
+//                                              complete are rebuilt) -> upper-bound page scores
+//                                              -> pages best first into k tokens
+//                                              (kernels/cuda/span_scoring.h)
 // then sinks + picks + window + the new tokens at compact positions. Decode steps go through
 // the per-layer selection cache, kept on the device: the cosine check writes a hit flag that the
 // scoring kernels read, so a hit skips the key scan and reuses the layer's stored picks without
 // the host ever waiting (kernels/cuda/selection.h). Picks that fall into the moved window are
 // dropped on the device (BuildSelectedList), as on the CPU.
 //
-// Other policies (head_vote, tokenselect_span, infllm, quest, cascade) have no GPU provider yet,
-// and the scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
-// Unimplemented naming the policy (or the shape) otherwise.
+// Other policies (head_vote, tokenselect_span, infllm, cascade) have no GPU provider yet, and the
+// scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
+// Unimplemented naming the policy (or the shape) otherwise. Quest keeps its page bounds per
+// layer: L x ceil(N / page_size) x 2 x kv_dim bf16, 1/8 of the K cache at pages of 16.
 //
 // One per request; not thread-safe. Every launch goes to the query's stream. Memory: besides the
 // per-layer cache entries (L x (H*d floats + k ids)), each provider owns its scoring scratch
@@ -65,6 +71,7 @@ class CudaSelectionAttention : public CudaAttentionProvider {
  private:
   struct Device;
   CudaSelectionAttention(const SelectionOptions& options, const ModelConfig& config);
+  absl::Status SelectQuest(const CudaAttentionQuery& query, CudaAttentionList* list);
 
   const SelectionOptions options_;
   const ModelConfig config_;

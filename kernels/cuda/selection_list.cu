@@ -4,6 +4,8 @@
 //   window (picks are ascending, so the valid ones are a prefix: one binary search), every thread
 //   then writes a strided share of the sinks, the picks, the window and the new tokens. Lists are
 //   a few thousand entries, so one block is enough and keeps the length decision on the device.
+// ListFromTokens: one block copies the selected set's slots (count read on the device) and
+//   appends the new tokens.
 // FillDenseList / FillIota: plain grid-stride writes.
 #include "kernels/cuda/selection_list.h"
 
@@ -59,6 +61,24 @@ __global__ void SelectedListKernel(SelectedListParams p) {
   }
 }
 
+__global__ void TokensListKernel(TokensListParams p) {
+  const int64_t count = min(static_cast<int64_t>(*p.count), p.capacity);
+  const int64_t total = count + p.num_new;
+  if (threadIdx.x == 0) {
+    p.kv_indptr[0] = 0;
+    p.kv_indptr[1] = static_cast<int32_t>(total);
+  }
+  for (int64_t j = threadIdx.x; j < total; j += blockDim.x) {
+    const int64_t token = j < count ? p.tokens[j] : p.num_cached + (j - count);
+    p.kv_indices[j] = p.token_slots[token];
+    p.kv_positions[j] = static_cast<int32_t>(j);
+  }
+  for (int64_t i = threadIdx.x; i < p.num_new; i += blockDim.x) {
+    p.q_positions[i] = static_cast<int32_t>(count + i);
+    p.visible[i] = static_cast<int32_t>(count + i + 1);
+  }
+}
+
 __global__ void DenseListKernel(DenseListParams p) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i == 0) {
@@ -90,6 +110,18 @@ cudaError_t BuildSelectedList(const SelectedListParams& p, cudaStream_t stream) 
     return cudaErrorInvalidValue;
   }
   SelectedListKernel<<<1, 1024, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t ListFromTokens(const TokensListParams& p, cudaStream_t stream) {
+  if (p.kv_indptr == nullptr || p.kv_indices == nullptr || p.kv_positions == nullptr ||
+      p.token_slots == nullptr || p.tokens == nullptr || p.count == nullptr || p.capacity < 0 ||
+      p.num_cached < 0 || p.num_new < 0 ||
+      (p.num_new > 0 && (p.q_positions == nullptr || p.visible == nullptr)) ||
+      p.capacity + p.num_new > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  TokensListKernel<<<1, 1024, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -12,6 +12,9 @@
 //                        length is decided on the device.
 //   FillDenseList        indptr, q positions and visibility of full attention (the entries are
 //                        the token slots themselves at their true positions).
+//   ListFromTokens       the same list from an already assembled selected set (ascending token
+//                        indices whose count is on the device, as the span_scoring.h launchers
+//                        write them), then the new tokens, at compact positions.
 //
 // All launchers take a cudaStream_t, never synchronise, and return the first CUDA error.
 #ifndef TOKENSELECT_KERNELS_CUDA_SELECTION_LIST_H_
@@ -52,6 +55,22 @@ struct DenseListParams {
   int64_t num_new = 0;
 };
 cudaError_t FillDenseList(const DenseListParams& params, cudaStream_t stream);
+
+struct TokensListParams {
+  int32_t* kv_indptr = nullptr;        // [2]: 0, count + num_new
+  int32_t* kv_indices = nullptr;       // [capacity + num_new]
+  int32_t* kv_positions = nullptr;     // [capacity + num_new]
+  int32_t* q_positions = nullptr;      // [num_new]
+  int32_t* visible = nullptr;          // [num_new]
+  const int32_t* token_slots = nullptr;  // [num_cached + num_new]
+  const int32_t* tokens = nullptr;     // [*count] ascending indices in [0, num_cached)
+  const int32_t* count = nullptr;      // [1], device; at most capacity
+  int64_t capacity = 0;
+  int64_t num_cached = 0;
+  int64_t num_new = 0;
+};
+// One block. cudaErrorInvalidValue for null pointers or negative sizes.
+cudaError_t ListFromTokens(const TokensListParams& params, cudaStream_t stream);
 
 // out[i] = i for i in [0, n): the identity positions of dense lists.
 cudaError_t FillIota(int32_t* out, int64_t n, cudaStream_t stream);

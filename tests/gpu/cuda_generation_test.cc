@@ -157,14 +157,17 @@ TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
   CudaBackend gpu_backend(gpu_.get());
   Generator cpu_gen(&cpu_backend, tokenizer_.get());
   Generator gpu_gen(&gpu_backend, tokenizer_.get());
-  for (SelectionPolicyKind policy : {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect,
-                                     SelectionPolicyKind::kStreaming}) {
+  for (SelectionPolicyKind policy :
+       {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect,
+        SelectionPolicyKind::kQuest, SelectionPolicyKind::kStreaming}) {
     GenerationOptions options;
     options.sampling.temperature = 0;
     options.sampling.max_new_tokens = 32;
     options.sampling.ignore_eos = true;
     options.selection = SmallBudget(policy);
-    if (policy == SelectionPolicyKind::kTokenSelect && !GpuScores(config_)) continue;
+    const bool scores = policy == SelectionPolicyKind::kTokenSelect ||
+                        policy == SelectionPolicyKind::kQuest;
+    if (scores && !GpuScores(config_)) continue;
     int same = 0, total = 0;
     int64_t hits = 0, lookups = 0, cache_decision_diffs = 0;
     for (int i = 0; i < 20; ++i) {
@@ -200,7 +203,7 @@ TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
                 static_cast<long long>(hits), static_cast<long long>(lookups),
                 static_cast<long long>(cache_decision_diffs));
     EXPECT_LE(cache_decision_diffs * 100, std::max<int64_t>(1, lookups)) << "cache decisions";
-    const int floor_percent = policy == SelectionPolicyKind::kTokenSelect ? 35 : 70;
+    const int floor_percent = scores ? 35 : 70;
     EXPECT_GE(same * 100, total * floor_percent) << PolicyName(policy);
   }
   EXPECT_TRUE(pool_->CheckNoLeaks().ok());
@@ -212,7 +215,7 @@ TEST_P(CudaGenerationTest, BackendErrors) {
   GenerationOptions options;
   options.sampling.max_new_tokens = 4;
   options.selection.chunk_size = 64;
-  options.selection.policy = SelectionPolicyKind::kQuest;
+  options.selection.policy = SelectionPolicyKind::kCascade;
   auto unimplemented = gen.Generate({5, 6, 7}, options, nullptr);
   EXPECT_EQ(unimplemented.status().code(), absl::StatusCode::kUnimplemented);
   options.selection.policy = SelectionPolicyKind::kStreaming;
