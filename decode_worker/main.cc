@@ -16,6 +16,7 @@
 #include "engine/selection/selection_options.h"
 #include "rpc/credentials.h"
 #include "wire/selection_flags.h"
+#include "wire/worker_setup.h"
 
 ABSL_FLAG(std::string, model, "", "model directory (config.json, *.safetensors, tokenizer.json)");
 ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy");
@@ -63,31 +64,20 @@ int main(int argc, char** argv) {
   options.engine.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
   options.engine.max_running = absl::GetFlag(FLAGS_max_running);
   options.engine.metrics = &tokenselect::common::metrics::TokenSelectMetrics::Default();
-  auto tls = tokenselect::rpc::TlsOptionsFromFlags(
-      absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca));
-  if (!tls.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(tls.status().message()).c_str());
-    return 2;
+  tokenselect::wire::WorkerSetupOptions setup_options;
+  setup_options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  setup_options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  setup_options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  setup_options.tls_require_client_cert = absl::GetFlag(FLAGS_tls_require_client_cert);
+  setup_options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  setup_options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  auto setup = tokenselect::wire::SetUpWorker(setup_options);
+  if (!setup.ok()) {
+    TS_LOG(ERROR, "decode worker: {}", setup.status().ToString());
+    return tokenselect::wire::SetupExitCode(setup.status());
   }
-  tls->require_client_cert = tls->enabled && absl::GetFlag(FLAGS_tls_require_client_cert);
-  auto credentials = tokenselect::rpc::MakeServerCredentials(*tls);
-  if (!credentials.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(credentials.status().message()).c_str());
-    return 2;
-  }
-  options.credentials = *credentials;
-  auto selection = tokenselect::wire::SelectionDefaultsFromFlags();
-  if (!selection.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(selection.status().message()).c_str());
-    return 2;
-  }
-  options.default_selection = *selection;
-  auto metrics_server = tokenselect::common::metrics::StartMetricsServerIfEnabled(
-      absl::GetFlag(FLAGS_metrics_port), absl::GetFlag(FLAGS_metrics_host));
-  if (!metrics_server.ok()) {
-    TS_LOG(ERROR, "decode worker: metrics: {}", metrics_server.status().ToString());
-    return 1;
-  }
+  options.credentials = setup->credentials;
+  options.default_selection = setup->default_selection;
   auto worker = tokenselect::decode_worker::StartDecodeWorker(options);
   if (!worker.ok()) {
     TS_LOG(ERROR, "decode worker failed to start: {}", worker.status().ToString());

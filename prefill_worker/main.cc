@@ -16,6 +16,7 @@
 #include "prefill_worker/prefill_worker.h"
 #include "rpc/credentials.h"
 #include "wire/selection_flags.h"
+#include "wire/worker_setup.h"
 
 ABSL_FLAG(std::string, model, "", "model directory (config.json, *.safetensors, tokenizer.json)");
 ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy");
@@ -72,41 +73,29 @@ int main(int argc, char** argv) {
   options.engine.kv.max_block_bytes = absl::GetFlag(FLAGS_kv_block_bytes);
   options.engine.kv.checksum = options.engine.kv.checksum || absl::GetFlag(FLAGS_kv_checksum);
   options.engine.metrics = &tokenselect::common::metrics::TokenSelectMetrics::Default();
-  auto tls = tokenselect::rpc::TlsOptionsFromFlags(
-      absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca));
-  if (!tls.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(tls.status().message()).c_str());
-    return 2;
+  tokenselect::wire::WorkerSetupOptions setup_options;
+  setup_options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  setup_options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  setup_options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  setup_options.tls_require_client_cert = absl::GetFlag(FLAGS_tls_require_client_cert);
+  setup_options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  setup_options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  auto setup = tokenselect::wire::SetUpWorker(setup_options);
+  if (!setup.ok()) {
+    TS_LOG(ERROR, "prefill worker: {}", setup.status().ToString());
+    return tokenselect::wire::SetupExitCode(setup.status());
   }
-  tokenselect::rpc::TlsOptions server_tls = *tls;
-  server_tls.require_client_cert = tls->enabled && absl::GetFlag(FLAGS_tls_require_client_cert);
-  auto credentials = tokenselect::rpc::MakeServerCredentials(server_tls);
-  if (!credentials.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(credentials.status().message()).c_str());
-    return 2;
-  }
-  options.credentials = *credentials;
-  if (tls->enabled && absl::GetFlag(FLAGS_kv_tls)) {
-    tokenselect::rpc::TlsOptions kv_tls = *tls;
+  options.credentials = setup->credentials;
+  options.default_selection = setup->default_selection;
+  if (setup->tls.enabled && absl::GetFlag(FLAGS_kv_tls)) {
+    tokenselect::rpc::TlsOptions kv_tls = setup->tls;
     kv_tls.server_name_override = absl::GetFlag(FLAGS_kv_tls_server_name);
     auto kv_credentials = tokenselect::rpc::MakeChannelCredentials(kv_tls);
     if (!kv_credentials.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(kv_credentials.status().message()).c_str());
+      TS_LOG(ERROR, "prefill worker: {}", kv_credentials.status().ToString());
       return 2;
     }
     options.kv_channel_credentials = *kv_credentials;
-  }
-  auto selection = tokenselect::wire::SelectionDefaultsFromFlags();
-  if (!selection.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(selection.status().message()).c_str());
-    return 2;
-  }
-  options.default_selection = *selection;
-  auto metrics_server = tokenselect::common::metrics::StartMetricsServerIfEnabled(
-      absl::GetFlag(FLAGS_metrics_port), absl::GetFlag(FLAGS_metrics_host));
-  if (!metrics_server.ok()) {
-    TS_LOG(ERROR, "prefill worker: metrics: {}", metrics_server.status().ToString());
-    return 1;
   }
   auto worker = tokenselect::prefill_worker::StartPrefillWorker(options);
   if (!worker.ok()) {

@@ -1,0 +1,41 @@
+#include "wire/worker_setup.h"
+
+#include <utility>
+
+#include "common/status.h"
+#include "wire/selection_flags.h"
+
+namespace tokenselect::wire {
+
+namespace {
+
+// Flag problems (unreadable certificate files included) are the operator's to fix: one code.
+absl::Status AsFlagError(const absl::Status& status) {
+  return absl::InvalidArgumentError(status.message());
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerSetup> SetUpWorker(const WorkerSetupOptions& options) {
+  WorkerSetup setup;
+  auto tls = rpc::TlsOptionsFromFlags(options.tls_cert, options.tls_key, options.tls_ca);
+  if (!tls.ok()) return AsFlagError(tls.status());
+  setup.tls = *tls;
+  rpc::TlsOptions server_tls = setup.tls;
+  server_tls.require_client_cert = setup.tls.enabled && options.tls_require_client_cert;
+  auto credentials = rpc::MakeServerCredentials(server_tls);
+  if (!credentials.ok()) return AsFlagError(credentials.status());
+  setup.credentials = *credentials;
+  auto selection = SelectionDefaultsFromFlags();
+  if (!selection.ok()) return AsFlagError(selection.status());
+  setup.default_selection = *selection;
+  ASSIGN_OR_RETURN(setup.metrics_server, common::metrics::StartMetricsServerIfEnabled(
+                                             options.metrics_port, options.metrics_host));
+  return setup;
+}
+
+int SetupExitCode(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace tokenselect::wire

@@ -1,0 +1,42 @@
+// The start-up both worker binaries share, from their flag values: server credentials for the
+// --tls_* flags, the default selection (--selection_*, selection_flags.h) and the optional
+// /metrics endpoint. Each main keeps its own flags (the CLI's `serve` links both workers) and
+// passes the values in.
+#ifndef TOKENSELECT_WIRE_WORKER_SETUP_H_
+#define TOKENSELECT_WIRE_WORKER_SETUP_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/metrics/metrics_server.h"
+#include "engine/selection/selection_options.h"
+#include "grpcpp/security/server_credentials.h"
+#include "rpc/credentials.h"
+
+namespace tokenselect::wire {
+
+struct WorkerSetupOptions {
+  std::string tls_cert, tls_key, tls_ca;  // --tls_cert, --tls_key, --tls_ca
+  bool tls_require_client_cert = true;    // with --tls_ca: mTLS
+  int metrics_port = 0;                   // 0: no /metrics endpoint
+  std::string metrics_host = "0.0.0.0";
+};
+
+struct WorkerSetup {
+  rpc::TlsOptions tls;  // as parsed (for workers that also dial out with the same certificate)
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  engine::SelectionOptions default_selection;
+  std::unique_ptr<common::metrics::MetricsServer> metrics_server;  // null when metrics are off
+};
+
+// InvalidArgument (naming the flag) for bad TLS or selection flags; the metrics server's error
+// (e.g. the port is taken) otherwise.
+absl::StatusOr<WorkerSetup> SetUpWorker(const WorkerSetupOptions& options);
+
+// The exit code a worker main returns for a failed SetUpWorker: 2 for bad flags, 1 otherwise.
+int SetupExitCode(const absl::Status& status);
+
+}  // namespace tokenselect::wire
+
+#endif  // TOKENSELECT_WIRE_WORKER_SETUP_H_
