@@ -12,6 +12,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "rpc/channels.h"
 
 namespace tokenselect::decode_worker {
 
@@ -48,11 +49,7 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> StartDecodeWorker(
     return absl::UnavailableError(
         absl::StrCat("decode worker: cannot listen on ", options.listen_address));
   }
-  const absl::string_view listen = options.listen_address;
-  const size_t colon = listen.rfind(':');
-  std::string host(listen.substr(0, colon));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
-  w->address_ = absl::StrCat(host, ":", w->port_);
+  w->address_ = rpc::DialTarget(options.listen_address, w->port_);
   TS_LOG(INFO, "decode worker {} listening on {} ({} KV pages of {} tokens)", w->worker_id_,
          w->address_, options.engine.kv_pages, options.engine.page_size);
   return w;

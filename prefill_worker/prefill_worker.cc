@@ -14,6 +14,7 @@
 #include "prefill_worker/kv_push_service.h"
 #include "prefill_worker/metered_kv_transport.h"
 #include "prefill_worker/prefill_service.h"
+#include "rpc/channels.h"
 
 namespace tokenselect::prefill_worker {
 
@@ -55,10 +56,7 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> StartPrefillWorker(
     return absl::UnavailableError(
         absl::StrCat("prefill worker: cannot listen on ", options.listen_address));
   }
-  const absl::string_view listen = options.listen_address;
-  std::string host(listen.substr(0, listen.rfind(':')));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
-  w->address_ = absl::StrCat(host, ":", w->port_);
+  w->address_ = rpc::DialTarget(options.listen_address, w->port_);
   TS_LOG(INFO, "prefill worker {} listening on {} ({} KV pages of {} tokens)", w->worker_id_,
          w->address_, options.engine.kv_pages, options.engine.page_size);
   return w;

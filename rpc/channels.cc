@@ -40,4 +40,10 @@ absl::Status ConfigureServer(grpc::ServerBuilder& builder, const std::string& ad
 
 std::string LoopbackTarget(int port) { return absl::StrCat("127.0.0.1:", port); }
 
+std::string DialTarget(absl::string_view listen_address, int port) {
+  const absl::string_view host = listen_address.substr(0, listen_address.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") return LoopbackTarget(port);
+  return absl::StrCat(host, ":", port);
+}
+
 }  // namespace tokenselect::rpc

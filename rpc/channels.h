@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/server_builder.h"
 #include "rpc/credentials.h"
@@ -39,6 +40,11 @@ absl::Status ConfigureServer(grpc::ServerBuilder& builder, const std::string& ad
 
 // "host:port" for a listen address "0.0.0.0:PORT" that a local client can dial.
 std::string LoopbackTarget(int port);
+
+// "host:port" a client can dial for a server listening on `listen_address` ("host:PORT") that
+// was given `port`: the listen host, or the loopback address for a wildcard or empty host
+// ("0.0.0.0", "[::]", ":PORT").
+std::string DialTarget(absl::string_view listen_address, int port);
 
 }  // namespace tokenselect::rpc
 

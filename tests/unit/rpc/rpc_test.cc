@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "rpc/api_keys.h"
+#include "rpc/channels.h"
 #include "rpc/credentials.h"
 #include "rpc/status_convert.h"
 
@@ -82,6 +83,15 @@ TEST(CredentialsTest, InsecureWhenDisabledAndClearErrorsOtherwise) {
   mtls_without_ca.require_client_cert = true;
   EXPECT_EQ(MakeServerCredentials(mtls_without_ca).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChannelsTest, DialTargetReplacesWildcardHostsWithLoopback) {
+  EXPECT_EQ(DialTarget("0.0.0.0:0", 5123), "127.0.0.1:5123");
+  EXPECT_EQ(DialTarget("[::]:50051", 50051), "127.0.0.1:50051");
+  EXPECT_EQ(DialTarget(":0", 7), "127.0.0.1:7");
+  EXPECT_EQ(DialTarget("10.1.2.3:0", 41000), "10.1.2.3:41000");
+  EXPECT_EQ(DialTarget("worker-0.svc:50052", 50052), "worker-0.svc:50052");
+  EXPECT_EQ(LoopbackTarget(9), "127.0.0.1:9");
 }
 
 TEST(StatusConvertTest, CodesAndMessagesSurviveBothWays) {
