@@ -4,10 +4,13 @@
 #ifndef TOKENSELECT_CLIENTS_CLI_COMMAND_H_
 #define TOKENSELECT_CLIENTS_CLI_COMMAND_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tokenselect::cli {
 
@@ -27,6 +30,11 @@ absl::Status RunHealth(const std::vector<std::string>& args);
 absl::Status RunInfo(const std::vector<std::string>& args);
 // serve_command.cc: `serve --all-in-one` (built when the router and both workers are).
 absl::Status RunServe(const std::vector<std::string>& args);
+
+// Token ids from a list flag's parts (--prompt_ids, --stop_token_ids); InvalidArgument naming
+// --`flag` and the part that is not an int32 (command.cc).
+absl::StatusOr<std::vector<int32_t>> ParseTokenIds(const std::vector<std::string>& parts,
+                                                   absl::string_view flag);
 
 }  // namespace tokenselect::cli
 

@@ -9,7 +9,6 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -72,20 +71,6 @@ ABSL_DECLARE_FLAG(std::string, server);
 namespace tokenselect::cli {
 namespace {
 
-absl::StatusOr<std::vector<int32_t>> ParseIds(const std::vector<std::string>& parts,
-                                              absl::string_view flag) {
-  std::vector<int32_t> ids;
-  for (const std::string& part : parts) {
-    int32_t id;
-    if (!absl::SimpleAtoi(part, &id)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, ": '", part, "' is not a token id"));
-    }
-    ids.push_back(id);
-  }
-  return ids;
-}
-
 absl::StatusOr<engine::SamplingParams> SamplingFromFlags() {
   engine::SamplingParams p;
   p.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
@@ -99,7 +84,7 @@ absl::StatusOr<engine::SamplingParams> SamplingFromFlags() {
   p.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   p.stop = absl::GetFlag(FLAGS_stop);
   ASSIGN_OR_RETURN(p.stop_token_ids,
-                   ParseIds(absl::GetFlag(FLAGS_stop_token_ids), "stop_token_ids"));
+                   ParseTokenIds(absl::GetFlag(FLAGS_stop_token_ids), "stop_token_ids"));
   p.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   p.logprobs = absl::GetFlag(FLAGS_logprobs);
   return p;
@@ -161,7 +146,7 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const tokenizer::Tokenizer& tok) 
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids");
   }
   if (!ids.empty()) {
-    return ParseIds(absl::StrSplit(ids, ',', absl::SkipWhitespace()), "prompt_ids");
+    return ParseTokenIds(absl::StrSplit(ids, ',', absl::SkipWhitespace()), "prompt_ids");
   }
   if (!absl::GetFlag(FLAGS_chat)) return tok.Encode(text, /*add_special_tokens=*/true);
   std::vector<tokenizer::ChatMessage> messages;

@@ -10,7 +10,6 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -86,20 +85,6 @@ clients::CallOptions CallFromFlags() {
   return call;
 }
 
-absl::StatusOr<std::vector<int32_t>> ParseIdList(const std::vector<std::string>& parts,
-                                                 absl::string_view flag) {
-  std::vector<int32_t> ids;
-  for (const std::string& part : parts) {
-    int32_t id;
-    if (!absl::SimpleAtoi(part, &id)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, ": '", part, "' is not a token id"));
-    }
-    ids.push_back(id);
-  }
-  return ids;
-}
-
 absl::StatusOr<clients::GenerateInput> InputFromFlags() {
   clients::GenerateInput in;
   const std::string text = absl::GetFlag(FLAGS_prompt);
@@ -109,7 +94,7 @@ absl::StatusOr<clients::GenerateInput> InputFromFlags() {
   }
   if (!ids.empty()) {
     ASSIGN_OR_RETURN(in.prompt_ids,
-                     ParseIdList(absl::StrSplit(ids, ',', absl::SkipWhitespace()), "prompt_ids"));
+                     ParseTokenIds(absl::StrSplit(ids, ',', absl::SkipWhitespace()), "prompt_ids"));
   } else if (absl::GetFlag(FLAGS_chat)) {
     if (!absl::GetFlag(FLAGS_system).empty())
       in.chat.emplace_back("system", absl::GetFlag(FLAGS_system));
@@ -131,7 +116,7 @@ absl::StatusOr<clients::GenerateInput> InputFromFlags() {
   s.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   s.stop = absl::GetFlag(FLAGS_stop);
   ASSIGN_OR_RETURN(s.stop_token_ids,
-                   ParseIdList(absl::GetFlag(FLAGS_stop_token_ids), "stop_token_ids"));
+                   ParseTokenIds(absl::GetFlag(FLAGS_stop_token_ids), "stop_token_ids"));
   s.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   s.logprobs = absl::GetFlag(FLAGS_logprobs);
   // Selection too: the remote run uses the same policy and budget as the offline one.
