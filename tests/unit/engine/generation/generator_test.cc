@@ -11,53 +11,17 @@
 #include "engine/generation/model_loader.h"
 #include "engine/kvcache/page_pool.h"
 #include "gtest/gtest.h"
+#include "tests/unit/engine/generation/demo_model_fixture.h"
 
 namespace tokenselect::engine {
 namespace {
 
-class GeneratorTest : public ::testing::Test {
+class GeneratorTest : public DemoModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string dir = ::testing::TempDir() + "/generator_test_model";
-    ASSERT_TRUE(WriteDemoCheckpoint(dir, DemoCheckpointOptions{}).ok());
-    auto loaded = LoadModelDirectory(dir, LoadFormat::kSafetensors);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    loaded_ = new LoadedModel(std::move(*loaded));
-  }
-  static void TearDownTestSuite() {
-    delete loaded_;
-    loaded_ = nullptr;
-  }
-
-  void SetUp() override {
-    auto pool = PagePool::Create(loaded_->model->KvCacheOptions(/*num_pages=*/256, 16));
-    ASSERT_TRUE(pool.ok());
-    pool_ = std::move(*pool);
-  }
-  void TearDown() override { EXPECT_TRUE(pool_->CheckNoLeaks().ok()); }
-
   Generator MakeGenerator() {
     return Generator(loaded_->model.get(), loaded_->tokenizer.get(), pool_.get());
   }
-  // A deterministic prompt of n ids (no special tokens).
-  static std::vector<int32_t> Prompt(int n) {
-    std::vector<int32_t> ids;
-    for (int i = 0; i < n; ++i) ids.push_back((i * 7919 + 13) % 2000);
-    return ids;
-  }
-  static GenerationOptions Greedy(int max_new_tokens) {
-    GenerationOptions o;
-    o.sampling.temperature = 0;
-    o.sampling.max_new_tokens = max_new_tokens;
-    o.sampling.ignore_eos = true;
-    return o;
-  }
-
-  static LoadedModel* loaded_;
-  std::unique_ptr<PagePool> pool_;
 };
-
-LoadedModel* GeneratorTest::loaded_ = nullptr;
 
 TEST_F(GeneratorTest, StreamsEveryTokenAndTheTextAddsUp) {
   Generator gen = MakeGenerator();

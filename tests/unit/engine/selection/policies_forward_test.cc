@@ -13,48 +13,12 @@
 #include "engine/model/model.h"
 #include "engine/selection/selection_attention.h"
 #include "gtest/gtest.h"
+#include "tests/unit/engine/generation/demo_model_fixture.h"
 
 namespace tokenselect::engine {
 namespace {
 
-class PoliciesForwardTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    const std::string dir = ::testing::TempDir() + "/policies_forward_test_model";
-    ASSERT_TRUE(WriteDemoCheckpoint(dir, DemoCheckpointOptions{}).ok());
-    auto loaded = LoadModelDirectory(dir, LoadFormat::kSafetensors);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    loaded_ = new LoadedModel(std::move(*loaded));
-  }
-  static void TearDownTestSuite() {
-    delete loaded_;
-    loaded_ = nullptr;
-  }
-  void SetUp() override {
-    auto pool = PagePool::Create(loaded_->model->KvCacheOptions(/*num_pages=*/256, 16));
-    ASSERT_TRUE(pool.ok());
-    pool_ = std::move(*pool);
-  }
-  void TearDown() override { EXPECT_TRUE(pool_->CheckNoLeaks().ok()); }
-
-  static std::vector<int32_t> Prompt(int n) {
-    std::vector<int32_t> ids;
-    for (int i = 0; i < n; ++i) ids.push_back((i * 7919 + 13) % 2000);
-    return ids;
-  }
-  static GenerationOptions Greedy(int max_new_tokens) {
-    GenerationOptions o;
-    o.sampling.temperature = 0;
-    o.sampling.max_new_tokens = max_new_tokens;
-    o.sampling.ignore_eos = true;
-    return o;
-  }
-
-  static LoadedModel* loaded_;
-  std::unique_ptr<PagePool> pool_;
-};
-
-LoadedModel* PoliciesForwardTest::loaded_ = nullptr;
+class PoliciesForwardTest : public DemoModelTest {};
 
 const SelectionPolicyKind kAll[] = {
     SelectionPolicyKind::kTokenSelect, SelectionPolicyKind::kTopK,
