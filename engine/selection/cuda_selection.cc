@@ -207,7 +207,9 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
     bound = n + m;
     ++stats_.full_attention_steps;
   } else if (o.policy == SelectionPolicyKind::kQuest) {
-    RETURN_IF_ERROR(SelectQuest(query, list));
+    RETURN_IF_ERROR(SelectQuest(query));
+    list->kv_indices = d.indices;
+    list->kv_positions = d.positions;
     bound = std::min(n, o.n_init + o.k + o.n_local) + m;
     stats_.candidates_scored += (n - o.n_init - o.n_local + o.baselines.quest_page_size - 1) /
                                 o.baselines.quest_page_size;
@@ -292,10 +294,6 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
     list->kv_positions = d.positions;
     bound = lp.n_init + lp.num_picks + lp.n_local + m;
   }
-  if (o.policy == SelectionPolicyKind::kQuest && !CoversAll(o, n)) {
-    list->kv_indices = d.indices;
-    list->kv_positions = d.positions;
-  }
   list->kv_indptr = d.indptr;
   list->q_positions = d.q_positions;
   list->visible = d.visible;
@@ -307,8 +305,7 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
 
 // Quest: the selection query, the page bounds of the pages not yet complete (earlier pages never
 // change: their tokens and keys are fixed), the page choice, then the list.
-absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query,
-                                                 CudaAttentionList* list) {
+absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query) {
   Device& d = *dev_;
   const SelectionOptions& o = options_;
   const ModelConfig& c = config_;
@@ -370,7 +367,6 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
   lp.num_cached = n;
   lp.num_new = m;
   RETURN_IF_ERROR(CudaStatus(kc::ListFromTokens(lp, s), "ListFromTokens"));
-  (void)list;
   return absl::OkStatus();
 }
 

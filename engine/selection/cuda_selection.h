@@ -71,7 +71,9 @@ class CudaSelectionAttention : public CudaAttentionProvider {
  private:
   struct Device;
   CudaSelectionAttention(const SelectionOptions& options, const ModelConfig& config);
-  absl::Status SelectQuest(const CudaAttentionQuery& query, CudaAttentionList* list);
+  // Quest's selection into the provider's list buffers (indptr, indices, positions, q
+  // positions, visibility).
+  absl::Status SelectQuest(const CudaAttentionQuery& query);
 
   const SelectionOptions options_;
   const ModelConfig config_;
