@@ -12,6 +12,12 @@
 //   max_kv_len     a host-side bound on the length, for the launch plan
 // CudaDenseAttention is full attention; engine/selection/cuda_selection.h implements the
 // selection policies.
+//
+// Tensor parallelism (docs/parallel.md): a model sharded over N GPUs runs one CudaModel and one
+// provider per rank, each seeing only its rank's query and KV heads (the rank's ModelConfig has
+// num_heads / N and num_kv_heads / N). The query then carries the rank's CudaTensorParallel, and
+// a provider whose choice depends on sums over heads (votes, cosines, page bounds) all-reduces
+// those sums before choosing, so that every rank attends to exactly the same tokens.
 #ifndef TOKENSELECT_ENGINE_MODEL_CUDA_ATTENTION_H_
 #define TOKENSELECT_ENGINE_MODEL_CUDA_ATTENTION_H_
 
@@ -25,6 +31,25 @@
 
 namespace tokenselect::engine {
 
+// One rank's handle on a tensor-parallel group (engine/parallel/nccl_tensor_parallel.h
+// implements it over NCCL). The model and the providers call AllReduceSum at the same points in
+// the same order on every rank; the calls only enqueue work on `stream` (they may be captured in
+// a CUDA graph) and every rank gets bitwise the same sums.
+class CudaTensorParallel {
+ public:
+  virtual ~CudaTensorParallel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Sums `count` values of `data` (this rank's device memory) over the ranks, in place.
+  // Internal naming the collective's error.
+  virtual absl::Status AllReduceSum(float* data, int64_t count, cudaStream_t stream) = 0;
+  virtual absl::Status AllReduceSum(double* data, int64_t count, cudaStream_t stream) = 0;
+};
+
+// True when `tp` shards the model over more than one rank (null or size 1: one GPU, and no
+// collective is ever called).
+inline bool IsSharded(const CudaTensorParallel* tp) { return tp != nullptr && tp->size() > 1; }
+
 // What a provider sees for one layer of one forward step. All pointers are device memory.
 struct CudaAttentionQuery {
   int64_t layer = 0;
@@ -37,8 +62,9 @@ struct CudaAttentionQuery {
   const int32_t* token_slots = nullptr;    // [cache_length + num_new]: slot of every token
   const int32_t* iota = nullptr;           // [>= cache_length + num_new + 1]: iota[i] = i
   const float* inv_freq = nullptr;         // [head_dim / 2]
-  const ModelConfig* config = nullptr;
+  const ModelConfig* config = nullptr;    // the rank's shard under tensor parallelism
   cudaStream_t stream = nullptr;
+  CudaTensorParallel* tp = nullptr;       // the rank's group; null on one GPU (IsSharded)
 };
 
 struct CudaAttentionList {

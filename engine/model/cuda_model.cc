@@ -34,13 +34,17 @@ using kc::CudaStatus;
 
 CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
     : config_(config), options_(options), dev_(std::make_unique<Device>()) {}
-CudaModel::~CudaModel() { default_seq_.reset(); }
+CudaModel::~CudaModel() {
+  cuda_model_internal::UseDevice(options_).IgnoreError();  // the frees below are on that device
+  default_seq_.reset();
+}
 
 CudaSequence::~CudaSequence() {
   if (model_ != nullptr) model_->Release(this);
 }
 
 void CudaModel::Release(CudaSequence* seq) {
+  cuda_model_internal::UseDevice(options_).IgnoreError();
   if (seq->slots_ != nullptr) cudaFree(seq->slots_);  // waits for the device
   seq->slots_ = nullptr;
   dev_->free_pages.insert(dev_->free_pages.begin(), seq->pages_.begin(), seq->pages_.end());
@@ -56,6 +60,7 @@ absl::StatusOr<std::unique_ptr<CudaSequence>> CudaModel::NewSequence(int64_t max
     return absl::InvalidArgumentError(
         absl::StrCat("CudaModel::NewSequence: max_tokens must be >= 1, got ", max_tokens));
   }
+  RETURN_IF_ERROR(cuda_model_internal::UseDevice(options_));
   const int64_t page = options_.page_size;
   const int64_t needed = (max_tokens + page - 1) / page;
   Device& d = *dev_;
@@ -120,14 +125,27 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logit
     p.eps = eps;
     return CudaStatus(kc::RmsNorm(p, s), "RmsNorm");
   };
+  // Tensor parallelism: o_proj and down_proj are row-parallel, so each rank's GEMM gives a
+  // partial sum of the layer's output. Rank 0 adds its partial and the bias to x (the GEMM
+  // epilogue), the others write their partial over x, and an all-reduce sums the ranks' x: the
+  // old residual and the bias counted once, every partial once, every rank left with the same x.
+  CudaTensorParallel* tp = IsSharded(options_.tp) ? options_.tp : nullptr;
+  const bool lead = tp == nullptr || tp->rank() == 0;
+  DeviceMemory no_bias;
+  auto row_parallel = [&](const __nv_bfloat16* in, const DeviceMemory& w, const DeviceMemory& bias,
+                          int64_t k) -> absl::Status {
+    RETURN_IF_ERROR(
+        linear(d.x.as<void>(), in, w, lead ? bias : no_bias, m, k, hidden, true, lead));
+    if (tp == nullptr) return absl::OkStatus();
+    return tp->AllReduceSum(d.x.as<float>(), m * hidden, s);
+  };
   if (segment == 0) {
     kc::EmbeddingParams ep{d.x.as<float>(), d.embed.bf16(), d.tokens.as<int32_t>(), m,
                            hidden,          c.vocab_size};
     RETURN_IF_ERROR(CudaStatus(kc::Embedding(ep, s), "Embedding"));
   } else {
     LayerBuffers& b = d.layers[segment - 1];
-    RETURN_IF_ERROR(
-        linear(d.x.as<void>(), d.attn.bf16(), b.o, b.o_bias, m, q_dim, hidden, true, true));
+    RETURN_IF_ERROR(row_parallel(d.attn.bf16(), b.o, b.o_bias, q_dim));
     RETURN_IF_ERROR(rms_norm(b.post_norm, d.x.as<float>(), m));
     RETURN_IF_ERROR(linear(d.gate_up.as<void>(), d.h.bf16(), b.gate_up, b.gate_up_bias, m, hidden,
                            2 * inter, false, false));
@@ -139,14 +157,12 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logit
     sp.cols = inter;
     sp.in_stride = 2 * inter;
     RETURN_IF_ERROR(CudaStatus(kc::SwiGlu(sp, s), "SwiGlu"));
-    RETURN_IF_ERROR(
-        linear(d.x.as<void>(), d.act.bf16(), b.down, b.down_bias, m, inter, hidden, true, true));
+    RETURN_IF_ERROR(row_parallel(d.act.bf16(), b.down, b.down_bias, inter));
   }
   if (segment == c.num_layers) {
     if (logits_rows == 0) return absl::OkStatus();
     RETURN_IF_ERROR(rms_norm(d.norm, d.x.as<float>() + (m - logits_rows) * hidden, logits_rows));
     const DeviceMemory& lm_head = d.lm_head.bytes() > 0 ? d.lm_head : d.embed;
-    DeviceMemory no_bias;
     return linear(d.logits.as<void>(), d.h.bf16(), lm_head, no_bias, logits_rows, hidden,
                   c.vocab_size, true, false);
   }
@@ -200,8 +216,24 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row) {
   const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
   const __nv_bfloat16* q = d.qkv.bf16() + row.row * qkv_dim;
   __nv_bfloat16* out = d.attn.bf16() + row.row * c.q_dim();
+  // Under tensor parallelism nothing is allocated inside a step: with NCCL's peer mappings a
+  // cudaFree waits for the other GPUs too, which may be waiting in an all-reduce for this rank's
+  // next launch (a deadlock). Build reserves the largest workspace and every dense row instead.
+  const bool sharded = IsSharded(options_.tp);
+  auto reserve_workspace = [&](size_t bytes) -> absl::Status {
+    if (bytes <= d.attention_workspace.bytes()) return absl::OkStatus();
+    if (sharded) {
+      return absl::InternalError(absl::StrCat("CudaModel: attention workspace of ", bytes,
+                                              " bytes was not reserved at construction"));
+    }
+    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
+    return d.attention_workspace.Allocate(bytes);
+  };
   CudaAttentionProvider* attention = row.attention;
   if (attention == nullptr) {
+    if (sharded && row.row >= static_cast<int64_t>(d.dense_rows.size())) {
+      return absl::InternalError("CudaModel: dense attention row was not reserved at construction");
+    }
     while (static_cast<int64_t>(d.dense_rows.size()) <= row.row) {
       d.dense_rows.push_back(std::make_unique<CudaDenseAttention>());
       RETURN_IF_ERROR(CudaDenseAttention::Create(options_.max_chunk, d.dense_rows.back().get()));
@@ -221,6 +253,7 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row) {
   query.inv_freq = d.inv_freq.as<float>();
   query.config = &config_;
   query.stream = d.stream;
+  query.tp = options_.tp;
   CudaAttentionList list;
   RETURN_IF_ERROR(attention->Select(query, &list));
   if (list.max_kv_len < 0 || list.max_kv_len > row.seq->length_ + m) {
@@ -249,12 +282,8 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row) {
                                       : 1;
     ap.scale = scale;
     if (d.tuned_attention) {
-      const size_t ws = kc::DecodeAttentionWorkspaceBytes(1, c.num_heads, c.head_dim,
-                                                          ap.num_splits);
-      if (ws > d.attention_workspace.bytes()) {
-        RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
-        RETURN_IF_ERROR(d.attention_workspace.Allocate(ws));
-      }
+      RETURN_IF_ERROR(reserve_workspace(
+          kc::DecodeAttentionWorkspaceBytes(1, c.num_heads, c.head_dim, ap.num_splits)));
     }
     ap.workspace = d.attention_workspace.as<void>();
     return CudaStatus(
@@ -285,12 +314,8 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row) {
   if (d.tuned_attention) {
     pp.num_splits = kc::PlanPrefillSplits(1, c.num_heads, c.num_kv_heads, m, pp.max_kv_len,
                                           d.num_sms);
-    const size_t ws = kc::PrefillAttentionWorkspaceBytes(m, c.num_heads, c.head_dim,
-                                                         pp.num_splits);
-    if (ws > d.attention_workspace.bytes()) {
-      RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
-      RETURN_IF_ERROR(d.attention_workspace.Allocate(ws));
-    }
+    RETURN_IF_ERROR(reserve_workspace(
+        kc::PrefillAttentionWorkspaceBytes(m, c.num_heads, c.head_dim, pp.num_splits)));
   }
   pp.workspace = d.attention_workspace.as<void>();
   return CudaStatus(d.tuned_attention ? kc::PrefillAttention(pp, d.stream)
@@ -331,9 +356,21 @@ absl::Status CudaModel::Step(absl::Span<const StepRow> rows, absl::Span<const in
                              "copy"));
   RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(d.q_indptr.as<int32_t>(), q_indptr, 8, cudaMemcpyHostToDevice, s), "copy"));
+  // Tensor parallelism: the host waits, before enqueueing layer l, for its GPU to finish layer
+  // l - 2. A rank whose host runs far ahead of a slow GPU (long attention at long contexts)
+  // fills the launch queue and blocks inside a launch, where it can hold up the other ranks'
+  // launches of the collectives its own GPU is waiting for; two layers keep the queue short
+  // and the GPU fed.
+  const bool sharded = IsSharded(options_.tp);
   for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (sharded && l >= 2) {
+      RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(d.layer_done[l % 2]), "layer wait"));
+    }
     RETURN_IF_ERROR(RunSegment(l, m, logits_rows));
     for (const StepRow& r : rows) RETURN_IF_ERROR(Attention(l, r));
+    if (sharded) {
+      RETURN_IF_ERROR(CudaStatus(cudaEventRecord(d.layer_done[l % 2], s), "layer event"));
+    }
   }
   RETURN_IF_ERROR(RunSegment(config_.num_layers, m, logits_rows));
   for (const StepRow& r : rows) r.seq->length_ += r.count;
@@ -346,6 +383,7 @@ absl::Status CudaModel::Forward(CudaSequence* seq, absl::Span<const int32_t> tok
   if (seq == nullptr || seq->model_ != this) {
     return absl::InvalidArgumentError("CudaModel::Forward: the sequence belongs to no or another model");
   }
+  RETURN_IF_ERROR(cuda_model_internal::UseDevice(options_));
   RETURN_IF_ERROR(CheckTokens(tokens));
   if (seq->length_ + static_cast<int64_t>(tokens.size()) > seq->capacity()) {
     return absl::ResourceExhaustedError(
@@ -386,6 +424,7 @@ absl::Status CudaModel::DecodeBatch(absl::Span<CudaSequence* const> seqs,
         "])"));
   }
   RETURN_IF_ERROR(CheckTokens(tokens));
+  RETURN_IF_ERROR(cuda_model_internal::UseDevice(options_));
   std::vector<StepRow> rows;
   for (int64_t b = 0; b < batch; ++b) {
     CudaSequence* seq = seqs[b];
@@ -442,6 +481,7 @@ absl::StatusOr<std::vector<int32_t>> CudaModel::GreedyTokens() {
   if (last_logits_rows_ == 0) {
     return absl::FailedPreconditionError("GreedyToken: the last step produced no logits");
   }
+  RETURN_IF_ERROR(cuda_model_internal::UseDevice(options_));
   Device& d = *dev_;
   RETURN_IF_ERROR(CudaStatus(kc::Argmax(d.greedy.as<int32_t>(), d.logits.as<float>(),
                                         last_logits_rows_, config_.vocab_size, d.stream),

@@ -25,9 +25,14 @@
 // request), attention runs per sequence over its own list. The Forward overloads without a
 // sequence use a default sequence that takes the whole pool (one request at a time).
 // Not thread-safe; everything runs on one stream owned by the model.
+//
+// Tensor parallelism (CudaModelOptions::tp, docs/parallel.md): one CudaModel per GPU holds its
+// rank's heads and MLP columns; the partial o_proj and down_proj products are all-reduced (fp32)
+// into the residual stream, so every rank keeps the same x and the same logits.
 #ifndef TOKENSELECT_ENGINE_MODEL_CUDA_MODEL_H_
 #define TOKENSELECT_ENGINE_MODEL_CUDA_MODEL_H_
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -50,6 +55,9 @@ struct CudaModelOptions {
   int64_t max_chunk = 512;    // most tokens per step (prefill chunk, or rows of a decode batch)
   int64_t max_batch = 64;     // most sequences per DecodeBatch (rows of logits kept)
   bool use_graphs = true;     // CUDA graphs for decode steps
+  // Tensor parallelism (docs/parallel.md; engine/parallel/tp_cuda_model.h drives N of these).
+  int device = -1;                  // CUDA device of the model; -1: the caller's current device
+  CudaTensorParallel* tp = nullptr;  // the rank's group (not owned); null or size 1: no sharding
 };
 
 class CudaModel;
@@ -65,6 +73,8 @@ class CudaSequence {
   int64_t capacity() const { return static_cast<int64_t>(host_slots_.size()); }
   // Forgets the tokens (the pages stay reserved).
   void Reset() { length_ = 0; }
+  // The cache slot of every position [0, capacity) (for K/V transfer).
+  absl::Span<const int32_t> slots() const { return host_slots_; }
 
  private:
   friend class CudaModel;
@@ -92,6 +102,13 @@ class CudaModel {
   // OK when a CUDA device can be used; FailedPrecondition naming the CUDA error otherwise (no GPU,
   // or a driver older than the runtime). Create and CreateDummy check it first.
   static absl::Status CheckDevice();
+  // Tensor parallelism: the config one rank of a tp_size-way group runs (num_heads, num_kv_heads
+  // and intermediate_size divided by tp_size; everything else unchanged). InvalidArgument naming
+  // the config.json field that tp_size does not divide, or for tp_size < 1. With options.tp set,
+  // Create/CreateDummy take the whole model's config and weights, upload only the rank's shard
+  // (its q/k/v/gate/up rows, its o_proj/down_proj columns; embeddings, norms and lm_head whole)
+  // and config() is this shard config.
+  static absl::StatusOr<ModelConfig> ShardConfig(const ModelConfig& config, int tp_size);
 
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
@@ -135,12 +152,33 @@ class CudaModel {
 
   int64_t num_pages() const;
   int64_t free_pages() const;
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }  // the shard's under tensor parallelism
   const CudaModelOptions& options() const { return options_; }
   cudaStream_t stream() const;
   // Bytes of device memory held for weights and for the KV cache.
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t kv_bytes() const { return kv_bytes_; }
+
+  // --- K/V transfer (cuda_model_kv.cc; engine/transfer, docs/kv_transfer.md) ---
+  // Copies layers [layer_begin, layer_end) x positions [token_begin, token_end) of `seq` to the
+  // host buffer `out` in the kv_pack staging layout [layers, 2, tokens, num_kv_heads * head_dim]
+  // bf16 (the KvChunk payload), after the work queued so far; waits for the copy.
+  // InvalidArgument for ranges outside the layers or the sequence's capacity, or a sequence of
+  // another model.
+  absl::Status ReadKv(const CudaSequence& seq, int64_t layer_begin, int64_t layer_end,
+                      int64_t token_begin, int64_t token_end, void* out);
+  // The reverse: writes `in` (same layout) into the positions' slots; waits for the copy.
+  absl::Status WriteKv(CudaSequence* seq, int64_t layer_begin, int64_t layer_end,
+                       int64_t token_begin, int64_t token_end, const void* in);
+  // Makes positions [0, length) of `seq` its tokens (their K/V arrived by WriteKv or a device
+  // link). InvalidArgument beyond its capacity or for a sequence of another model.
+  absl::Status SetLength(CudaSequence* seq, int64_t length);
+  // Blocks until the work queued on the model's stream has run.
+  absl::Status Synchronize();
+  // Layer `layer`'s K or V cache: [num_slots, num_kv_heads * head_dim] bf16 on the device.
+  __nv_bfloat16* k_cache(int64_t layer) const;
+  __nv_bfloat16* v_cache(int64_t layer) const;
+  int64_t num_slots() const;
 
  private:
   friend class CudaSequence;

@@ -60,9 +60,19 @@ class DeviceMemory {
   size_t bytes_ = 0;
 };
 
+// Makes options.device the calling thread's current device (nothing when it is -1). Every
+// public CudaModel entry point calls it, so that the ranks of a tensor-parallel group can be
+// driven from any thread.
+inline absl::Status UseDevice(const CudaModelOptions& options) {
+  if (options.device < 0) return absl::OkStatus();
+  return kernels::cuda::CudaStatus(cudaSetDevice(options.device), "cudaSetDevice");
+}
+
 struct LayerBuffers {
   DeviceMemory input_norm, post_norm;  // bf16 [hidden]
   DeviceMemory qkv, qkv_bias;          // bf16 [q_dim + 2 kv_dim, hidden], [q_dim + 2 kv_dim]
+  // Under tensor parallelism the rank's shard: q_dim, kv_dim and inter are the rank's, and the
+  // row-parallel biases (o_bias, down_bias) are added by rank 0 only.
   DeviceMemory o, o_bias;              // bf16 [hidden, q_dim], fp32 [hidden]
   DeviceMemory gate_up, gate_up_bias;  // bf16 [2 inter, hidden], [2 inter]
   DeviceMemory down, down_bias;        // bf16 [hidden, inter], fp32 [hidden]
@@ -92,8 +102,14 @@ struct CudaModel::Device {
   // Decode-step graphs of segments 0..num_layers (see EnqueueSegment) per batch size m,
   // captured on first use.
   std::map<int64_t, std::vector<cudaGraphExec_t>> graphs;
+  // Tensor parallelism only: events recorded after each layer (alternating), so that the host
+  // never runs more than two layers ahead of its GPU (CudaModel::Step says why).
+  cudaEvent_t layer_done[2] = {nullptr, nullptr};
 
   ~Device() {
+    for (cudaEvent_t e : layer_done) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
     for (auto& [m, execs] : graphs) {
       for (cudaGraphExec_t g : execs) {
         if (g != nullptr) cudaGraphExecDestroy(g);

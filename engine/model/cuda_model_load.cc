@@ -1,6 +1,7 @@
 // CudaModel construction: the device, the weights (from a ModelWeights or the dummy
-// generator, uploaded slab by slab as bf16 with fused q|k|v and gate|up), the page pool and the
-// activation buffers.
+// generator, uploaded slab by slab as bf16 with fused q|k|v and gate|up; under tensor
+// parallelism only the rank's slice of each sharded tensor), the page pool and the activation
+// buffers.
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -13,6 +14,8 @@
 #include "engine/model/cuda_model.h"
 #include "engine/model/cuda_model_internal.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/selection_list.h"
 #include "kernels/ops.h"
 
@@ -60,47 +63,104 @@ class CudaModel::TensorSource {
 
 namespace {
 
-// Uploads the concatenation of the named tensors (absent names, e.g. biases a model does not
-// have, are skipped; all absent leaves `out` unallocated) as bf16, or as fp32 when `fp32`.
+// How a tensor is split across the ranks of a tensor-parallel group, viewing it as [rows, cols]
+// (a 1-D tensor is [n, 1]): column-parallel layers (q/k/v, gate/up and their biases) give each
+// rank a block of rows (output features), row-parallel ones (o_proj, down_proj) a block of
+// columns (input features) of every row. kWhole: replicated (embeddings, norms, lm_head).
+enum class Split { kWhole, kRows, kColumns };
+
+struct Shard {
+  int parts = 1;
+  int index = 0;
+};
+
+// A contiguous run of a tensor's elements.
+struct ElementRange {
+  const WeightEntry* entry;
+  int64_t begin;
+  int64_t count;
+};
+
+void AppendRanges(const WeightEntry* e, Split split, const Shard& shard,
+                  std::vector<ElementRange>* out) {
+  const int64_t n = e->num_elements();
+  const int64_t rows = e->shape.empty() ? 1 : e->shape[0];
+  const int64_t cols = rows > 0 ? n / rows : 0;
+  if (split == Split::kWhole || shard.parts == 1) {
+    out->push_back({e, 0, n});
+  } else if (split == Split::kRows) {
+    const int64_t block = rows / shard.parts;
+    out->push_back({e, shard.index * block * cols, block * cols});
+  } else {
+    const int64_t block = cols / shard.parts;
+    for (int64_t r = 0; r < rows; ++r) out->push_back({e, r * cols + shard.index * block, block});
+  }
+}
+
+// Uploads the concatenation of the named tensors' parts (absent names, e.g. biases a model does
+// not have, are skipped; all absent leaves `out` unallocated) as bf16, or as fp32 when `fp32`.
+// Ranges are gathered into host slabs of up to kSlabElements, one copy per slab.
 template <typename Source>
 absl::Status UploadTensors(const Source& source, std::initializer_list<std::string> names,
-                           bool fp32, DeviceMemory* out, int64_t* total_bytes) {
-  std::vector<const WeightEntry*> parts;
-  int64_t n = 0;
+                           bool fp32, DeviceMemory* out, int64_t* total_bytes,
+                           Split split = Split::kWhole, const Shard& shard = {}) {
+  std::vector<ElementRange> ranges;
   for (const std::string& name : names) {
-    if (const WeightEntry* e = source.Find(name)) {
-      parts.push_back(e);
-      n += e->num_elements();
-    }
+    if (const WeightEntry* e = source.Find(name)) AppendRanges(e, split, shard, &ranges);
   }
+  int64_t n = 0;
+  for (const ElementRange& r : ranges) n += r.count;
   if (n == 0) return absl::OkStatus();
   const size_t elem = fp32 ? 4 : 2;
   RETURN_IF_ERROR(out->Allocate(static_cast<size_t>(n) * elem));
   *total_bytes += n * static_cast<int64_t>(elem);
-  std::vector<float> slab;
+  std::vector<float> slab(static_cast<size_t>(std::min(n, kSlabElements)));
   std::vector<uint16_t> bits;
-  int64_t offset = 0;
-  for (const WeightEntry* e : parts) {
-    const int64_t count = e->num_elements();
-    for (int64_t begin = 0; begin < count; begin += kSlabElements) {
-      const int64_t len = std::min(kSlabElements, count - begin);
-      slab.resize(static_cast<size_t>(len));
-      source.Read(*e, begin, len, slab.data());
-      char* dst = out->as<char>() + (offset + begin) * static_cast<int64_t>(elem);
-      if (fp32) {
-        RETURN_IF_ERROR(CudaStatus(cudaMemcpy(dst, slab.data(), len * 4, cudaMemcpyHostToDevice),
-                                   "upload"));
-      } else {
-        bits.resize(static_cast<size_t>(len));
-#pragma omp parallel for schedule(static) if (len >= (1 << 16))
-        for (int64_t i = 0; i < len; ++i) bits[i] = ToBf16Bits(slab[i]);
-        RETURN_IF_ERROR(CudaStatus(cudaMemcpy(dst, bits.data(), len * 2, cudaMemcpyHostToDevice),
-                                   "upload"));
-      }
+  // The slab's pieces: element runs of the ranges (cut at slab boundaries) and where they go in
+  // the slab. Read in parallel: a row-parallel shard is thousands of short runs, each too short
+  // for the generator's own threads.
+  struct Piece {
+    const WeightEntry* entry;
+    int64_t begin, count, at;
+  };
+  std::vector<Piece> pieces;
+  int64_t written = 0, staged = 0;
+  auto flush = [&]() -> absl::Status {
+    if (staged == 0) return absl::OkStatus();
+    const int64_t num_pieces = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(dynamic, 16) if (num_pieces > 1)
+    for (int64_t i = 0; i < num_pieces; ++i) {
+      const Piece& p = pieces[i];
+      source.Read(*p.entry, p.begin, p.count, slab.data() + p.at);
     }
-    offset += count;
+    pieces.clear();
+    char* dst = out->as<char>() + written * static_cast<int64_t>(elem);
+    if (fp32) {
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpy(dst, slab.data(), staged * 4, cudaMemcpyHostToDevice), "upload"));
+    } else {
+      bits.resize(static_cast<size_t>(staged));
+      const int64_t len = staged;
+#pragma omp parallel for schedule(static) if (len >= (1 << 16))
+      for (int64_t i = 0; i < len; ++i) bits[i] = ToBf16Bits(slab[i]);
+      RETURN_IF_ERROR(CudaStatus(cudaMemcpy(dst, bits.data(), len * 2, cudaMemcpyHostToDevice),
+                                 "upload"));
+    }
+    written += staged;
+    staged = 0;
+    return absl::OkStatus();
+  };
+  const int64_t capacity = static_cast<int64_t>(slab.size());
+  for (const ElementRange& r : ranges) {
+    for (int64_t off = 0; off < r.count;) {
+      const int64_t len = std::min(r.count - off, capacity - staged);
+      pieces.push_back({r.entry, r.begin + off, len, staged});
+      staged += len;
+      off += len;
+      if (staged == capacity) RETURN_IF_ERROR(flush());
+    }
   }
-  return absl::OkStatus();
+  return flush();
 }
 
 }  // namespace
@@ -129,6 +189,28 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::CreateDummy(
   return Build(config, source, options);
 }
 
+absl::StatusOr<ModelConfig> CudaModel::ShardConfig(const ModelConfig& config, int tp_size) {
+  if (tp_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel size must be >= 1, got ", tp_size));
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, int64_t>{"num_attention_heads", config.num_heads},
+        {"num_key_value_heads", config.num_kv_heads},
+        {"intermediate_size", config.intermediate_size}}) {
+    if (value % tp_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor-parallel size ", tp_size,
+                                                     " does not divide ", field, " (", value,
+                                                     ")"));
+    }
+  }
+  ModelConfig shard = config;
+  shard.num_heads /= tp_size;
+  shard.num_kv_heads /= tp_size;
+  shard.intermediate_size /= tp_size;
+  return shard;
+}
+
 absl::Status CudaModel::CheckDevice() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -152,9 +234,22 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
         "CudaModel: max_tokens, page_size, max_chunk and max_batch must be positive, max_batch <= "
         "max_chunk and max_tokens <= 2^30");
   }
-  std::unique_ptr<CudaModel> model(new CudaModel(config, options));
+  Shard shard;
+  if (options.tp != nullptr) {
+    shard.parts = options.tp->size();
+    shard.index = options.tp->rank();
+    if (shard.index < 0 || shard.index >= shard.parts) {
+      return absl::InvalidArgumentError(absl::StrCat("CudaModel: tensor-parallel rank ",
+                                                     shard.index, " outside [0, ", shard.parts,
+                                                     ")"));
+    }
+  }
+  // Everything below is sized by the rank's shard; `config` still names and shapes the tensors
+  // the source reads from.
+  ASSIGN_OR_RETURN(const ModelConfig c, ShardConfig(config, shard.parts));
+  RETURN_IF_ERROR(cuda_model_internal::UseDevice(options));
+  std::unique_ptr<CudaModel> model(new CudaModel(c, options));
   Device& d = *model->dev_;
-  const ModelConfig& c = config;
   RETURN_IF_ERROR(
       CudaStatus(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   RETURN_IF_ERROR(CudaStatus(kc::GemmRunner::Create(&d.gemm), "cuBLASLt setup"));
@@ -180,6 +275,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
 
   int64_t* wb = &model->weight_bytes_;
   const bool f32 = true, bf16 = false;
+  const bool lead = shard.index == 0;  // adds the row-parallel biases (cuda_model.cc)
   d.layers.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerBuffers& b = d.layers[l];
@@ -188,20 +284,22 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
     RETURN_IF_ERROR(UploadTensors(source, {p + "input_layernorm.weight"}, bf16, &b.input_norm, wb));
     RETURN_IF_ERROR(
         UploadTensors(source, {p + "post_attention_layernorm.weight"}, bf16, &b.post_norm, wb));
+    const Split rows = Split::kRows, cols = Split::kColumns;
     RETURN_IF_ERROR(UploadTensors(
-        source, {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, bf16, &b.qkv,
-        wb));
+        source, {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, bf16, &b.qkv, wb,
+        rows, shard));
     RETURN_IF_ERROR(UploadTensors(source,
                                   {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}, bf16,
-                                  &b.qkv_bias, wb));
-    RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.weight"}, bf16, &b.o, wb));
-    RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.bias"}, f32, &b.o_bias, wb));
+                                  &b.qkv_bias, wb, rows, shard));
+    RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.weight"}, bf16, &b.o, wb, cols, shard));
+    if (lead) RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.bias"}, f32, &b.o_bias, wb));
     RETURN_IF_ERROR(UploadTensors(source, {m + "gate_proj.weight", m + "up_proj.weight"}, bf16,
-                                  &b.gate_up, wb));
+                                  &b.gate_up, wb, rows, shard));
     RETURN_IF_ERROR(UploadTensors(source, {m + "gate_proj.bias", m + "up_proj.bias"}, bf16,
-                                  &b.gate_up_bias, wb));
-    RETURN_IF_ERROR(UploadTensors(source, {m + "down_proj.weight"}, bf16, &b.down, wb));
-    RETURN_IF_ERROR(UploadTensors(source, {m + "down_proj.bias"}, f32, &b.down_bias, wb));
+                                  &b.gate_up_bias, wb, rows, shard));
+    RETURN_IF_ERROR(
+        UploadTensors(source, {m + "down_proj.weight"}, bf16, &b.down, wb, cols, shard));
+    if (lead) RETURN_IF_ERROR(UploadTensors(source, {m + "down_proj.bias"}, f32, &b.down_bias, wb));
     RETURN_IF_ERROR(b.k_cache.Allocate(kv_bytes));
     RETURN_IF_ERROR(b.v_cache.Allocate(kv_bytes));
     model->kv_bytes_ += static_cast<int64_t>(2 * kv_bytes);
@@ -231,6 +329,31 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
   const int64_t iota_len = options.max_tokens + options.max_chunk + 1;
   RETURN_IF_ERROR(d.iota.Allocate(iota_len * 4));
   RETURN_IF_ERROR(CudaStatus(kc::FillIota(d.iota.as<int32_t>(), iota_len, d.stream), "FillIota"));
+  if (IsSharded(options.tp)) {
+    // Tensor parallelism allocates nothing inside a step (see CudaModel::Attention): reserve the
+    // attention workspace of the largest plan (splits only grow with the list length, so the
+    // longest list bounds every step size) and the dense rows of a full batch.
+    const int64_t max_kv = options.max_tokens + options.max_chunk;
+    size_t ws = 0;
+    if (d.tuned_attention) {
+      ws = kc::DecodeAttentionWorkspaceBytes(
+          1, c.num_heads, c.head_dim, kc::PlanDecodeSplits(1, c.num_kv_heads, max_kv, d.num_sms));
+      for (int64_t q = 2; q <= options.max_chunk; ++q) {
+        const int splits =
+            kc::PlanPrefillSplits(1, c.num_heads, c.num_kv_heads, q, max_kv, d.num_sms);
+        ws = std::max(ws, kc::PrefillAttentionWorkspaceBytes(q, c.num_heads, c.head_dim, splits));
+      }
+    }
+    RETURN_IF_ERROR(d.attention_workspace.Allocate(ws));
+    for (cudaEvent_t& e : d.layer_done) {
+      RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+    }
+    for (int64_t r = 0; r < options.max_batch; ++r) {
+      d.dense_rows.push_back(std::make_unique<CudaDenseAttention>());
+      RETURN_IF_ERROR(CudaDenseAttention::Create(options.max_chunk, d.dense_rows.back().get()));
+    }
+  }
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "CudaModel setup"));
   return model;
 }

@@ -53,7 +53,8 @@ bool CoversAll(const SelectionOptions& o, int64_t n) { return o.n_init + o.k + o
 
 struct CudaSelectionAttention::Device {
   Arena arena;
-  float* query = nullptr;              // [H * d] the step's selection query
+  float* query = nullptr;              // [H * d] the step's selection query (this rank's heads)
+  float* full_query = nullptr;         // [tp_size * H * d] every rank's (tensor parallelism)
   float* logits = nullptr;             // [max_candidates, H]
   float* head_max = nullptr;           // [H]
   float* head_inv_sum = nullptr;       // [H]
@@ -62,7 +63,7 @@ struct CudaSelectionAttention::Device {
   void* topk_workspace = nullptr;
   int32_t* prefill_picks = nullptr;    // [k]
   // Per layer: the selection-cache entry and its picks, the hit flag, hit/miss counters.
-  float* cached_query = nullptr;       // [L, H * d]
+  float* cached_query = nullptr;       // [L, tp_size * H * d]: over all ranks' heads
   int32_t* cached_valid = nullptr;     // [L]
   int32_t* hit = nullptr;              // [L]
   int32_t* picks = nullptr;            // [L, k]
@@ -88,14 +89,18 @@ struct CudaSelectionAttention::Device {
 };
 
 CudaSelectionAttention::CudaSelectionAttention(const SelectionOptions& options,
-                                               const ModelConfig& config)
-    : options_(options), config_(config), dev_(std::make_unique<Device>()) {}
+                                               const ModelConfig& config, int tp_size)
+    : options_(options), config_(config), tp_size_(tp_size), dev_(std::make_unique<Device>()) {}
 CudaSelectionAttention::~CudaSelectionAttention() = default;
 
 absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::Create(
     const SelectionOptions& options, const ModelConfig& config, int64_t max_tokens,
-    int64_t max_new) {
+    int64_t max_new, int tp_size) {
   RETURN_IF_ERROR(ValidateSelectionOptions(options));
+  if (tp_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU selection: tensor-parallel size must be >= 1, got ", tp_size));
+  }
   switch (options.policy) {
     case SelectionPolicyKind::kTokenSelect:
     case SelectionPolicyKind::kTopK:
@@ -123,7 +128,8 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
   if (max_tokens < 1 || max_new < 1) {
     return absl::InvalidArgumentError("GPU selection: max_tokens and max_new must be >= 1");
   }
-  std::unique_ptr<CudaSelectionAttention> s(new CudaSelectionAttention(options, config));
+  std::unique_ptr<CudaSelectionAttention> s(
+      new CudaSelectionAttention(options, config, tp_size));
   Device& d = *s->dev_;
   const int64_t heads = config.num_heads, row = config.num_heads * config.head_dim;
   const int64_t layers = config.num_layers;
@@ -159,7 +165,8 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
         d.arena.Get(static_cast<int64_t>(kc::TopKWorkspaceBytes(d.max_candidates)), &ws));
     d.topk_workspace = ws;
     RETURN_IF_ERROR(d.arena.Get(k, &d.prefill_picks));
-    RETURN_IF_ERROR(d.arena.Get(layers * row, &d.cached_query));
+    if (tp_size > 1) RETURN_IF_ERROR(d.arena.Get(tp_size * row, &d.full_query));
+    RETURN_IF_ERROR(d.arena.Get(layers * tp_size * row, &d.cached_query));
     RETURN_IF_ERROR(d.arena.Get(layers, &d.cached_valid));
     RETURN_IF_ERROR(d.arena.Get(layers, &d.hit));
     RETURN_IF_ERROR(d.arena.Get(layers * k, &d.picks));
@@ -189,6 +196,13 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
         "GPU selection: a step of ", m, " new tokens after ", n,
         " cached ones is outside what the provider was created for"));
   }
+  const int group_size = query.tp != nullptr ? query.tp->size() : 1;
+  if (group_size != tp_size_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU selection: created for a tensor-parallel group of ", tp_size_,
+        " but queried by a rank of a group of ", group_size));
+  }
+  CudaTensorParallel* tp = IsSharded(query.tp) ? query.tp : nullptr;
   cudaStream_t s = query.stream;
   const bool decode = m == 1;
   ++stats_.layer_steps;
@@ -236,12 +250,25 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       const int32_t* skip = nullptr;
       int32_t* picks = d.prefill_picks;
       if (decode) {  // through the layer's selection cache
+        // The cosine is over all heads: under tensor parallelism the ranks' queries are
+        // gathered first (each rank writes its slice of a zeroed buffer and the sum fills in
+        // the rest exactly), so every rank checks the same vectors and decides alike.
+        const float* check_query = d.query;
+        const int64_t dim = row * tp_size_;
+        if (tp != nullptr) {
+          RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(d.full_query, 0, dim * 4, s), "memset"));
+          RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(d.full_query + tp->rank() * row, d.query,
+                                                     row * 4, cudaMemcpyDeviceToDevice, s),
+                                     "copy"));
+          RETURN_IF_ERROR(tp->AllReduceSum(d.full_query, dim, s));
+          check_query = d.full_query;
+        }
         kc::CacheCheckParams cp;
         cp.hit = d.hit + query.layer;
-        cp.cached_query = d.cached_query + query.layer * row;
+        cp.cached_query = d.cached_query + query.layer * dim;
         cp.cached_valid = d.cached_valid + query.layer;
-        cp.query = d.query;
-        cp.dim = row;
+        cp.query = check_query;
+        cp.dim = dim;
         cp.theta = static_cast<float>(o.theta);
         RETURN_IF_ERROR(CudaStatus(kc::SelectionCacheCheck(cp, s), "SelectionCacheCheck"));
         skip = cp.hit;
@@ -277,6 +304,10 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
                                                        : kc::VoteMode::kSoftVote;
       vp.skip = skip;
       RETURN_IF_ERROR(CudaStatus(kc::VoteFromLogits(vp, s), "VoteFromLogits"));
+      // Votes (and summed logits) are sums over heads: add the other ranks' heads. On a cache
+      // hit the votes are stale and the sum unused (TopK skips), but every rank still makes
+      // the call, since the hit flag is on the device and collectives must match.
+      if (tp != nullptr) RETURN_IF_ERROR(tp->AllReduceSum(d.vote, candidates, s));
       kc::TopKParams tp;
       tp.out = picks;
       tp.scores = d.vote;
@@ -353,7 +384,17 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
   qp.problem.n_local = o.n_local;
   qp.page_size = page;
   qp.workspace = d.quest_workspace;
-  RETURN_IF_ERROR(CudaStatus(kc::QuestSelect(qp, s), "QuestSelect"));
+  if (IsSharded(query.tp)) {
+    // A page's bound sums over heads: each rank scores with its heads, the ranks add up.
+    RETURN_IF_ERROR(CudaStatus(kc::QuestScorePages(qp, s), "QuestScorePages"));
+    if (o.k > 0) {
+      RETURN_IF_ERROR(
+          query.tp->AllReduceSum(d.page_scores, kc::QuestNumPages(qp.problem, page), s));
+    }
+    RETURN_IF_ERROR(CudaStatus(kc::QuestChoosePages(qp, s), "QuestChoosePages"));
+  } else {
+    RETURN_IF_ERROR(CudaStatus(kc::QuestSelect(qp, s), "QuestSelect"));
+  }
   kc::TokensListParams lp;
   lp.kv_indptr = d.indptr;
   lp.kv_indices = d.indices;
@@ -370,17 +411,28 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
   return absl::OkStatus();
 }
 
-absl::StatusOr<SelectionCacheCounters> CudaSelectionAttention::CacheCounters(
+absl::StatusOr<std::vector<SelectionCacheCounters>> CudaSelectionAttention::LayerCacheCounters(
     cudaStream_t stream) const {
   std::vector<int64_t> host(static_cast<size_t>(2 * config_.num_layers));
   RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host.data(), dev_->counters, host.size() * 8,
                                              cudaMemcpyDeviceToHost, stream),
                              "counters copy"));
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "counters copy"));
+  std::vector<SelectionCacheCounters> layers(static_cast<size_t>(config_.num_layers));
+  for (size_t l = 0; l < layers.size(); ++l) {
+    layers[l].hits = host[2 * l];
+    layers[l].misses = host[2 * l + 1];
+  }
+  return layers;
+}
+
+absl::StatusOr<SelectionCacheCounters> CudaSelectionAttention::CacheCounters(
+    cudaStream_t stream) const {
+  ASSIGN_OR_RETURN(std::vector<SelectionCacheCounters> layers, LayerCacheCounters(stream));
   SelectionCacheCounters total;
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
-    total.hits += host[2 * l];
-    total.misses += host[2 * l + 1];
+  for (const SelectionCacheCounters& c : layers) {
+    total.hits += c.hits;
+    total.misses += c.misses;
   }
   return total;
 }

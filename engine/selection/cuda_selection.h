@@ -23,6 +23,14 @@
 // Unimplemented naming the policy (or the shape) otherwise. Quest keeps its page bounds per
 // layer: L x ceil(N / page_size) x 2 x kv_dim bf16, 1/8 of the K cache at pages of 16.
 //
+// Tensor parallelism (docs/parallel.md): one provider per rank, created with the rank's shard
+// config (CudaModel::ShardConfig) and the group size. Each rank scores with its own heads and
+// keys; the head-summed quantities are all-reduced through query.tp before anything is chosen -
+// the soft votes (or summed logits) before the top-k, Quest's page bounds before the page
+// choice, and for the selection cache the ranks' selection queries are gathered (a zero-padded
+// all-reduce) so that the cosine is taken over all heads - so every rank selects exactly the
+// same tokens and takes the same cache decisions. With tp_size 1 no collective runs.
+//
 // One per request; not thread-safe. Every launch goes to the query's stream. Memory: besides the
 // per-layer cache entries (L x (H*d floats + k ids)), each provider owns its scoring scratch
 // (max_tokens x H fp32 logits, votes, top-k workspace: ~132 MB at 1M tokens and 32 heads), which
@@ -45,12 +53,14 @@ namespace tokenselect::engine {
 
 class CudaSelectionAttention : public CudaAttentionProvider {
  public:
-  // For sequences of up to max_tokens tokens and steps of up to max_new tokens. InvalidArgument
-  // for invalid options (ValidateSelectionOptions), Unimplemented for a policy without a GPU
-  // provider, ResourceExhausted when device memory runs out.
+  // For sequences of up to max_tokens tokens and steps of up to max_new tokens, on one rank of
+  // a tp_size-way tensor-parallel group (config: the rank's shard). InvalidArgument for invalid
+  // options (ValidateSelectionOptions) or tp_size < 1, Unimplemented for a policy without a GPU
+  // provider, ResourceExhausted when device memory runs out. Select refuses (FailedPrecondition)
+  // a query whose group size is not tp_size.
   static absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> Create(
       const SelectionOptions& options, const ModelConfig& config, int64_t max_tokens,
-      int64_t max_new);
+      int64_t max_new, int tp_size = 1);
   ~CudaSelectionAttention() override;
   CudaSelectionAttention(const CudaSelectionAttention&) = delete;
   CudaSelectionAttention& operator=(const CudaSelectionAttention&) = delete;
@@ -64,19 +74,23 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   // The selection cache's hits and misses over all layers (copies device counters: waits for
   // the stream).
   absl::StatusOr<SelectionCacheCounters> CacheCounters(cudaStream_t stream) const;
+  // The same per layer ([num_layers]), for the decode worker's per-layer metrics.
+  absl::StatusOr<std::vector<SelectionCacheCounters>> LayerCacheCounters(
+      cudaStream_t stream) const;
   // The picks (candidate offsets from n_init, ascending) a layer's last selection stored, for
   // tests (waits for the stream).
   absl::StatusOr<std::vector<int32_t>> LayerPicks(int64_t layer, cudaStream_t stream) const;
 
  private:
   struct Device;
-  CudaSelectionAttention(const SelectionOptions& options, const ModelConfig& config);
+  CudaSelectionAttention(const SelectionOptions& options, const ModelConfig& config, int tp_size);
   // Quest's selection into the provider's list buffers (indptr, indices, positions, q
   // positions, visibility).
   absl::Status SelectQuest(const CudaAttentionQuery& query);
 
   const SelectionOptions options_;
   const ModelConfig config_;
+  const int tp_size_;
   std::unique_ptr<Device> dev_;
   SelectionStats stats_;
 };

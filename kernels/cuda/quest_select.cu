@@ -1,5 +1,6 @@
-// Quest selection on the GPU: QuestBuildPageBounds, QuestSelect and its workspace
-// (span_scoring.h).
+// Quest selection on the GPU: QuestBuildPageBounds, QuestSelect (= QuestScorePages, then
+// QuestChoosePages: split so that tensor-parallel ranks can sum their page scores in between)
+// and its workspace (span_scoring.h).
 //
 // Reads every candidate key once (bounds), then only the bounds and the query (selection); writes
 // the page bounds, the page scores and the selected set.
@@ -215,7 +216,27 @@ size_t QuestSelectWorkspaceBytes(int64_t num_pages, int64_t k, int64_t page_size
   return c.used();
 }
 
-cudaError_t QuestSelect(const QuestSelectParams& p, cudaStream_t stream) {
+cudaError_t QuestScorePages(const QuestSelectParams& p, cudaStream_t stream) {
+  const SelectionProblem& pr = p.problem;
+  if (!ValidProblem(pr) || p.page_size <= 0) return cudaErrorInvalidValue;
+  if (Covers(pr) || pr.k == 0) return cudaSuccess;  // QuestChoosePages reads no score
+  const int64_t pages = QuestNumPages(pr, p.page_size);
+  const size_t smem = static_cast<size_t>(pr.num_heads) * pr.head_dim * sizeof(float);
+  const int grid = GridFor(pages, kWarpsPerBlock, static_cast<int64_t>(NumSms()) * 16);
+  const uint4* bounds = reinterpret_cast<const uint4*>(p.page_bounds);
+  const int h = static_cast<int>(pr.num_heads);
+  const int h_kv = static_cast<int>(pr.num_kv_heads);
+  if (pr.head_dim == 64) {
+    QuestScoreKernel<64><<<grid, kThreads, smem, stream>>>(p.page_scores, bounds, pr.query, pages,
+                                                           h, h_kv, pr.scale);
+  } else {
+    QuestScoreKernel<128><<<grid, kThreads, smem, stream>>>(p.page_scores, bounds, pr.query,
+                                                            pages, h, h_kv, pr.scale);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t QuestChoosePages(const QuestSelectParams& p, cudaStream_t stream) {
   const SelectionProblem& pr = p.problem;
   if (!ValidProblem(pr) || p.page_size <= 0) return cudaErrorInvalidValue;
   if (Covers(pr)) return LaunchSelectAll(p.out, pr.num_tokens, stream);
@@ -229,19 +250,6 @@ cudaError_t QuestSelect(const QuestSelectParams& p, cudaStream_t stream) {
   if (pr.k == 0) return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
   Carver carver(p.workspace);
   const QuestWorkspace w = CarveQuest(&carver, pages, pr.k, p.page_size);
-  const size_t smem = static_cast<size_t>(pr.num_heads) * pr.head_dim * sizeof(float);
-  const int grid = GridFor(pages, kWarpsPerBlock, static_cast<int64_t>(NumSms()) * 16);
-  const uint4* bounds = reinterpret_cast<const uint4*>(p.page_bounds);
-  const int h = static_cast<int>(pr.num_heads);
-  const int h_kv = static_cast<int>(pr.num_kv_heads);
-  if (pr.head_dim == 64) {
-    QuestScoreKernel<64><<<grid, kThreads, smem, stream>>>(p.page_scores, bounds, pr.query, pages,
-                                                           h, h_kv, pr.scale);
-  } else {
-    QuestScoreKernel<128><<<grid, kThreads, smem, stream>>>(p.page_scores, bounds, pr.query,
-                                                            pages, h, h_kv, pr.scale);
-  }
-  TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   TopKParams tp;
   tp.out = w.topk_out;
   tp.scores = p.page_scores;
@@ -262,6 +270,11 @@ cudaError_t QuestSelect(const QuestSelectParams& p, cudaStream_t stream) {
   asm_args.picks = w.units;
   asm_args.num_picks_dev = reinterpret_cast<const int32_t*>(w.counters + 1);
   return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
+}
+
+cudaError_t QuestSelect(const QuestSelectParams& p, cudaStream_t stream) {
+  TS_CUDA_RETURN_IF_ERROR(QuestScorePages(p, stream));
+  return QuestChoosePages(p, stream);
 }
 
 }  // namespace tokenselect::kernels::cuda

@@ -144,6 +144,14 @@ size_t QuestSelectWorkspaceBytes(int64_t num_pages, int64_t k, int64_t page_size
 // lowest-ranked of the q (one counting kernel finds its rank).
 cudaError_t QuestSelect(const QuestSelectParams& params, cudaStream_t stream);
 
+// QuestSelect in two halves, for tensor parallelism (docs/parallel.md), where a rank holds only
+// its heads' bounds: QuestScorePages writes page_scores (this rank's heads' share of each bound;
+// nothing when the budget covers the candidates or k is 0), the caller sums page_scores over the
+// ranks, and QuestChoosePages makes the page choice and the output from them. QuestSelect is
+// the two in a row.
+cudaError_t QuestScorePages(const QuestSelectParams& params, cudaStream_t stream);
+cudaError_t QuestChoosePages(const QuestSelectParams& params, cudaStream_t stream);
+
 // ---------------------------------------------------------------------------------------------
 // infllm.
 

@@ -1,0 +1,63 @@
+#include "engine/parallel/nccl_tensor_parallel.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace tokenselect::engine {
+namespace {
+
+absl::Status NcclStatus(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(what, ": ", ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<NcclTensorParallel>>> NcclTensorParallel::CreateGroup(
+    const std::vector<int>& devices) {
+  if (devices.empty()) {
+    return absl::InvalidArgumentError("NcclTensorParallel: no devices");
+  }
+  std::vector<int> sorted = devices;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted[0] < 0) {
+    return absl::InvalidArgumentError(
+        "NcclTensorParallel: devices must be distinct non-negative ordinals");
+  }
+  const int n = static_cast<int>(devices.size());
+  std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
+  const absl::Status made =
+      NcclStatus(ncclCommInitAll(comms.data(), n, devices.data()), "ncclCommInitAll");
+  if (!made.ok()) return made;
+  std::vector<std::unique_ptr<NcclTensorParallel>> group;
+  for (int r = 0; r < n; ++r) {
+    group.push_back(std::unique_ptr<NcclTensorParallel>(new NcclTensorParallel(comms[r], r, n)));
+  }
+  return group;
+}
+
+NcclTensorParallel::~NcclTensorParallel() {
+  if (comm_ != nullptr) ncclCommDestroy(comm_);
+}
+
+absl::Status NcclTensorParallel::AllReduce(void* data, int64_t count, ncclDataType_t type,
+                                           cudaStream_t stream) {
+  if (count < 0) return absl::InvalidArgumentError("AllReduceSum: negative count");
+  if (count == 0) return absl::OkStatus();
+  return NcclStatus(
+      ncclAllReduce(data, data, static_cast<size_t>(count), type, ncclSum, comm_, stream),
+      "ncclAllReduce");
+}
+
+absl::Status NcclTensorParallel::AllReduceSum(float* data, int64_t count, cudaStream_t stream) {
+  return AllReduce(data, count, ncclFloat32, stream);
+}
+
+absl::Status NcclTensorParallel::AllReduceSum(double* data, int64_t count, cudaStream_t stream) {
+  return AllReduce(data, count, ncclFloat64, stream);
+}
+
+}  // namespace tokenselect::engine

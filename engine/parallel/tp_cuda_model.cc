@@ -1,0 +1,249 @@
+#include "engine/parallel/tp_cuda_model.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace tokenselect::engine {
+namespace {
+
+using kernels::cuda::CudaStatus;
+
+// Lazy kernel loading (the default since CUDA 12.2) loads a kernel at its first launch, holding
+// the device's context lock until the GPU's queue drains. Inside a tensor-parallel step that
+// queue holds an NCCL kernel waiting for the other ranks, whose threads can be blocked behind
+// that lock: a deadlock (seen as a hang on the first TP device runs of head_dim-64/128 models;
+// the cause is inferred, see docs/parallel.md). Eager loading loads every kernel when the
+// context is made.
+absl::Status CheckEagerLoading() {
+  using GetLoadingMode = CUresult (*)(CUmoduleLoadingMode*);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    cudaGetLastError();
+    return absl::OkStatus();  // a driver without lazy loading
+  }
+  CUmoduleLoadingMode mode = CU_MODULE_EAGER_LOADING;
+  if (reinterpret_cast<GetLoadingMode>(fn)(&mode) != CUDA_SUCCESS ||
+      mode == CU_MODULE_EAGER_LOADING) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      "TpCudaModel: tensor parallelism in one process needs eager kernel loading: set "
+      "CUDA_MODULE_LOADING=EAGER in the environment before the process's first CUDA call "
+      "(lazy loading can deadlock with the NCCL kernels of the other ranks)");
+}
+
+}  // namespace
+
+TpSequence::~TpSequence() {
+  if (model_ == nullptr) return;
+  // Each shard frees its slot map on its own device.
+  model_->threads_
+      ->Run([this](int rank) {
+        shards_[rank].reset();
+        return absl::OkStatus();
+      })
+      .IgnoreError();
+}
+
+absl::StatusOr<std::unique_ptr<TpCudaModel>> TpCudaModel::Create(
+    const ModelConfig& config, const ModelWeights& weights, const TpCudaModelOptions& options) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  return Build(config, options,
+               [&](const CudaModelOptions& o) { return CudaModel::Create(config, weights, o); });
+}
+
+absl::StatusOr<std::unique_ptr<TpCudaModel>> TpCudaModel::CreateDummy(
+    const ModelConfig& config, const DummyWeightOptions& dummy, const TpCudaModelOptions& options) {
+  RETURN_IF_ERROR(ValidateModelConfig(config));
+  return Build(config, options,
+               [&](const CudaModelOptions& o) { return CudaModel::CreateDummy(config, dummy, o); });
+}
+
+absl::StatusOr<std::unique_ptr<TpCudaModel>> TpCudaModel::Build(const ModelConfig& config,
+                                                                const TpCudaModelOptions& options,
+                                                                const Builder& build) {
+  // Shapes first: a size that does not divide the heads is refused without touching a GPU.
+  RETURN_IF_ERROR(CudaModel::ShardConfig(config, options.tp_size).status());
+  const int n = options.tp_size;
+  std::vector<int> devices = options.devices;
+  if (devices.empty()) {
+    for (int r = 0; r < n; ++r) devices.push_back(r);
+  }
+  if (static_cast<int>(devices.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("TpCudaModel: ", devices.size(),
+                                                   " devices for a tensor-parallel size of ", n));
+  }
+  RETURN_IF_ERROR(CudaModel::CheckDevice());
+  if (n > 1) RETURN_IF_ERROR(CheckEagerLoading());
+  int count = 0;
+  RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  for (int device : devices) {
+    if (device < 0 || device >= count) {
+      return absl::FailedPreconditionError(absl::StrCat("TpCudaModel: tensor-parallel size ", n,
+                                                        " needs device ", device, "; ", count,
+                                                        " CUDA device(s) present"));
+    }
+  }
+  std::unique_ptr<TpCudaModel> model(new TpCudaModel(config));
+  model->threads_ = std::make_unique<RankThreads>(devices);
+  if (n > 1) {
+    ASSIGN_OR_RETURN(model->groups_, NcclTensorParallel::CreateGroup(devices));
+  }
+  model->shards_.resize(static_cast<size_t>(n));
+  model->logits_.resize(static_cast<size_t>(n));
+  TpCudaModel* m = model.get();
+  RETURN_IF_ERROR(m->threads_->Run([&](int rank) -> absl::Status {
+    CudaModelOptions o = options.model;
+    o.device = devices[rank];
+    o.tp = n > 1 ? m->groups_[rank].get() : nullptr;
+    ASSIGN_OR_RETURN(m->shards_[rank], build(o));
+    return absl::OkStatus();
+  }));
+  if (n > 1) RETURN_IF_ERROR(m->WarmUp());
+  return model;
+}
+
+// One all-reduce of each power-of-4 size from 1 KiB to 64 MiB on every rank, outside any graph
+// capture: NCCL sets up its connections lazily, per algorithm and protocol, on first use, and
+// that setup should not happen inside a captured decode segment.
+absl::Status TpCudaModel::WarmUp() {
+  return RunOnRanks([this](int rank, CudaModel* shard) -> absl::Status {
+    constexpr int64_t kMaxFloats = int64_t{16} << 20;  // 64 MiB
+    void* buffer = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaMalloc(&buffer, kMaxFloats * 4), "cudaMalloc"));
+    absl::Status status =
+        CudaStatus(cudaMemsetAsync(buffer, 0, kMaxFloats * 4, shard->stream()), "memset");
+    for (int64_t count = 256; count <= kMaxFloats && status.ok(); count *= 4) {
+      status = groups_[rank]->AllReduceSum(static_cast<float*>(buffer), count, shard->stream());
+    }
+    if (status.ok()) {
+      status = groups_[rank]->AllReduceSum(static_cast<double*>(buffer), 3, shard->stream());
+    }
+    const absl::Status synced =
+        CudaStatus(cudaStreamSynchronize(shard->stream()), "warm-up all-reduce");
+    cudaFree(buffer);
+    RETURN_IF_ERROR(status);
+    return synced;
+  });
+}
+
+TpCudaModel::~TpCudaModel() {
+  if (threads_ == nullptr) return;
+  // Shards and communicators are released on their ranks' devices.
+  threads_
+      ->Run([this](int rank) {
+        if (rank < static_cast<int>(shards_.size())) shards_[rank].reset();
+        if (rank < static_cast<int>(groups_.size())) groups_[rank].reset();
+        return absl::OkStatus();
+      })
+      .IgnoreError();
+}
+
+absl::Status TpCudaModel::RunOnRanks(
+    const std::function<absl::Status(int rank, CudaModel* shard)>& fn) {
+  return threads_->Run([&](int rank) { return fn(rank, shards_[rank].get()); });
+}
+
+absl::StatusOr<std::unique_ptr<TpSequence>> TpCudaModel::NewSequence(int64_t max_tokens) {
+  std::unique_ptr<TpSequence> seq(new TpSequence());
+  seq->shards_.resize(static_cast<size_t>(size()));
+  seq->model_ = this;  // from here on the destructor returns whatever pages were taken
+  RETURN_IF_ERROR(RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
+    ASSIGN_OR_RETURN(seq->shards_[rank], shard->NewSequence(max_tokens));
+    return absl::OkStatus();
+  }));
+  // Every rank's pool went through the same allocations, so the slot maps agree; a pool that
+  // does not would put the ranks' KV heads of one token in different slots.
+  for (int r = 1; r < size(); ++r) {
+    if (shards_[r]->free_pages() != shards_[0]->free_pages()) {
+      return absl::InternalError(absl::StrCat("TpCudaModel: rank ", r, " has ",
+                                              shards_[r]->free_pages(), " free pages, rank 0 ",
+                                              shards_[0]->free_pages()));
+    }
+  }
+  return seq;
+}
+
+std::vector<float>* TpCudaModel::RankLogits(int rank, std::vector<float>* caller) {
+  if (caller == nullptr) return nullptr;
+  return rank == 0 ? caller : &logits_[rank];
+}
+
+absl::Status TpCudaModel::Forward(TpSequence* seq, absl::Span<const int32_t> tokens,
+                                  absl::Span<CudaAttentionProvider* const> attention,
+                                  std::vector<float>* logits) {
+  if (seq == nullptr || seq->model_ != this) {
+    return absl::InvalidArgumentError(
+        "TpCudaModel::Forward: the sequence belongs to no or another model");
+  }
+  if (!attention.empty() && static_cast<int>(attention.size()) != size()) {
+    return absl::InvalidArgumentError(absl::StrCat("TpCudaModel::Forward: ", attention.size(),
+                                                   " providers for ", size(), " ranks"));
+  }
+  return RunOnRanks([&](int rank, CudaModel* shard) {
+    return shard->Forward(seq->shards_[rank].get(), tokens,
+                          attention.empty() ? nullptr : attention[rank], RankLogits(rank, logits));
+  });
+}
+
+absl::Status TpCudaModel::DecodeBatch(
+    absl::Span<TpSequence* const> seqs, absl::Span<const int32_t> tokens,
+    const std::vector<std::vector<CudaAttentionProvider*>>& attention, std::vector<float>* logits) {
+  if (!attention.empty() && static_cast<int>(attention.size()) != size()) {
+    return absl::InvalidArgumentError(absl::StrCat("TpCudaModel::DecodeBatch: providers for ",
+                                                   attention.size(), " ranks, not ", size()));
+  }
+  for (const TpSequence* seq : seqs) {
+    if (seq == nullptr || seq->model_ != this) {
+      return absl::InvalidArgumentError(
+          "TpCudaModel::DecodeBatch: a sequence belongs to no or another model");
+    }
+  }
+  return RunOnRanks([&](int rank, CudaModel* shard) {
+    std::vector<CudaSequence*> rank_seqs;
+    for (const TpSequence* seq : seqs) rank_seqs.push_back(seq->shards_[rank].get());
+    const std::vector<CudaAttentionProvider*> dense(seqs.size(), nullptr);
+    return shard->DecodeBatch(rank_seqs, tokens, attention.empty() ? dense : attention[rank],
+                              RankLogits(rank, logits));
+  });
+}
+
+absl::StatusOr<std::vector<int32_t>> TpCudaModel::GreedyTokens() {
+  std::vector<int32_t> ids;
+  RETURN_IF_ERROR(RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
+    if (rank != 0) return absl::OkStatus();
+    ASSIGN_OR_RETURN(ids, shard->GreedyTokens());
+    return absl::OkStatus();
+  }));
+  return ids;
+}
+
+absl::StatusOr<int32_t> TpCudaModel::GreedyToken() {
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, GreedyTokens());
+  return ids[0];
+}
+
+int64_t TpCudaModel::weight_bytes() const {
+  int64_t total = 0;
+  for (const auto& s : shards_) total += s->weight_bytes();
+  return total;
+}
+
+int64_t TpCudaModel::kv_bytes() const {
+  int64_t total = 0;
+  for (const auto& s : shards_) total += s->kv_bytes();
+  return total;
+}
+
+}  // namespace tokenselect::engine

@@ -1,0 +1,546 @@
+// Tensor parallelism (engine/parallel/tp_cuda_model.h, docs/parallel.md): the model sharded over
+// 2 or 4 GPUs against the same model on one GPU, on the generated test presets with
+// transformers' own init (N(0, 0.02), DummyInit::kHuggingFace, seed 11: the weights of the
+// checkpoints gpu_cuda_generation_test writes), plus two variants that the presets lack:
+// "llama3-rope-kv4" (llama3-rope with 4 KV heads, so that 4 ranks can split them while head_dim
+// 64 keeps the GPU scoring kernels) and "llama-gqa-bias" (q/k/v, o_proj and MLP biases: the
+// row-parallel biases that only rank 0 adds).
+//
+// What is checked, per (model, TP size) and policy (dense, streaming; tokenselect and quest
+// where head_dim is 64):
+//   - chunked-prefill and teacher-forced decode logits within relative L2 2e-2 of one GPU's
+//     (bf16 tolerance; the measured worst is printed) and bit-identical on every rank;
+//   - free-running 32-token greedy continuations of 20 prompts identical to one GPU's on
+//     >= 19 of 20 (95%; the count is printed);
+//   - every attention list every rank's provider produced (every layer of every step: the
+//     selected slots) identical across ranks, and the selection-cache counters equal;
+//   - DecodeBatch against one GPU's DecodeBatch; CUDA graphs (NCCL all-reduce captured) against
+//     eager launches, bit for bit; TpCudaModel with one rank against a plain CudaModel, bit for
+//     bit (the one-GPU path is unchanged).
+// Tests skip when fewer GPUs than the TP size are present. The non-dividing sizes are refused
+// with InvalidArgument without any GPU.
+//
+// Measured so far (H200, docs/parallel.md "Status"): LogitsMatchOneGpu at TP=2 on llama-gqa,
+// llama-gqa-bias and qwen2-bias (worst rel L2 0.0019-0.0033, ranks bit-identical); the
+// llama3-rope case hung before the host-side guards of docs/parallel.md were added, and the
+// tests after it have not run yet, so the 2e-2 and 19-of-20 bounds are the targets, not floors
+// under measurements.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model/cuda_model.h"
+#include "engine/model/dummy_weights.h"
+#include "engine/model/model_presets.h"
+#include "engine/parallel/tp_cuda_model.h"
+#include "engine/selection/cuda_selection.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace tokenselect::engine {
+namespace {
+
+// Tensor parallelism in one process needs eager kernel loading (TpCudaModel::Create checks);
+// the variable must be set before the first CUDA call, so before main. An explicit setting in
+// the environment wins.
+const bool kEagerLoading = [] { return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0; }();
+
+int DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+absl::StatusOr<ModelConfig> TestConfig(const std::string& name) {
+  PresetOptions preset;
+  preset.vocab_size = 2048;
+  if (name == "llama3-rope-kv4") {
+    ASSIGN_OR_RETURN(ModelConfig c, PresetConfig("llama3-rope", preset));
+    c.num_kv_heads = 4;
+    return c;
+  }
+  if (name == "llama-gqa-bias") {
+    ASSIGN_OR_RETURN(ModelConfig c, PresetConfig("llama-gqa", preset));
+    c.qkv_bias = c.o_bias = c.mlp_bias = true;
+    return c;
+  }
+  return PresetConfig(name, preset);
+}
+
+std::vector<int32_t> Prompt(int64_t n, int64_t salt, int64_t vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = static_cast<int32_t>(3 + (i * 7919 + salt * 104729) % (vocab - 3));
+  }
+  return ids;
+}
+
+SelectionOptions SmallBudget(SelectionPolicyKind policy) {
+  SelectionOptions s;
+  s.policy = policy;
+  s.n_init = 8;
+  s.k = 64;
+  s.n_local = 32;
+  s.chunk_size = 64;
+  s.theta = 0.9;
+  return s;
+}
+
+constexpr int64_t kMaxTokens = 1024;
+constexpr int64_t kChunk = 64;
+
+// Wraps a provider and keeps, for every Select call, the attention list's slots (copied back
+// after each call: slow, test only).
+class ListRecorder : public CudaAttentionProvider {
+ public:
+  explicit ListRecorder(std::unique_ptr<CudaSelectionAttention> inner) : inner_(std::move(inner)) {}
+  absl::Status Select(const CudaAttentionQuery& query, CudaAttentionList* list) override {
+    RETURN_IF_ERROR(inner_->Select(query, list));
+    int32_t indptr[2] = {0, 0};
+    TS_CUDA_CHECK(cudaMemcpyAsync(indptr, list->kv_indptr, sizeof(indptr), cudaMemcpyDeviceToHost,
+                                  query.stream));
+    TS_CUDA_CHECK(cudaStreamSynchronize(query.stream));
+    std::vector<int32_t> slots(static_cast<size_t>(indptr[1] - indptr[0]));
+    if (!slots.empty()) {
+      TS_CUDA_CHECK(cudaMemcpyAsync(slots.data(), list->kv_indices + indptr[0], slots.size() * 4,
+                                    cudaMemcpyDeviceToHost, query.stream));
+      TS_CUDA_CHECK(cudaStreamSynchronize(query.stream));
+    }
+    lists_.push_back(std::move(slots));
+    return absl::OkStatus();
+  }
+  CudaSelectionAttention* inner() const { return inner_.get(); }
+  const std::vector<std::vector<int32_t>>& lists() const { return lists_; }
+
+ private:
+  std::unique_ptr<CudaSelectionAttention> inner_;
+  std::vector<std::vector<int32_t>> lists_;
+};
+
+// One recorded provider per rank of `model`, created and destroyed on the ranks' threads.
+class RankProviders {
+ public:
+  RankProviders(TpCudaModel* model, const SelectionOptions& options) : model_(model) {
+    recorders_.resize(static_cast<size_t>(model->size()));
+    const absl::Status made = model->RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
+      ASSIGN_OR_RETURN(auto inner,
+                       CudaSelectionAttention::Create(options, shard->config(), kMaxTokens, kChunk,
+                                                      model->size()));
+      recorders_[rank] = std::make_unique<ListRecorder>(std::move(inner));
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(made.ok()) << made;
+    for (auto& r : recorders_) ptrs_.push_back(r.get());
+  }
+  ~RankProviders() {
+    model_
+        ->RunOnRanks([&](int rank, CudaModel*) {
+          recorders_[rank].reset();
+          return absl::OkStatus();
+        })
+        .IgnoreError();
+  }
+  absl::Span<CudaAttentionProvider* const> get() const { return ptrs_; }
+  ListRecorder* rank(int r) const { return recorders_[r].get(); }
+
+  // Counts the Select calls whose list differs between rank 0 and another rank (0 expected).
+  int64_t RankMismatches() const {
+    int64_t bad = 0;
+    for (size_t r = 1; r < recorders_.size(); ++r) {
+      const auto& a = recorders_[0]->lists();
+      const auto& b = recorders_[r]->lists();
+      EXPECT_EQ(a.size(), b.size()) << "rank " << r;
+      for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) bad += a[i] != b[i] ? 1 : 0;
+    }
+    return bad;
+  }
+  size_t calls() const { return recorders_[0]->lists().size(); }
+
+  // Selection-cache counters of every rank (each read on its rank's thread).
+  std::vector<SelectionCacheCounters> Counters() const {
+    std::vector<SelectionCacheCounters> out(recorders_.size());
+    const absl::Status read = model_->RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
+      ASSIGN_OR_RETURN(out[rank], recorders_[rank]->inner()->CacheCounters(shard->stream()));
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(read.ok()) << read;
+    return out;
+  }
+
+ private:
+  TpCudaModel* model_;
+  std::vector<std::unique_ptr<ListRecorder>> recorders_;
+  std::vector<CudaAttentionProvider*> ptrs_;
+};
+
+struct TpCase {
+  std::string model;
+  int tp;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<TpCase>& info) {
+  std::string name = info.param.model + "_tp" + std::to_string(info.param.tp);
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
+class TpModelTest : public ::testing::TestWithParam<TpCase> {
+ protected:
+  void SetUp() override {
+    const int devices = DeviceCount();
+    if (devices < GetParam().tp) {
+      GTEST_SKIP() << "needs " << GetParam().tp << " GPUs, " << devices << " present";
+    }
+    auto config = TestConfig(GetParam().model);
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = *config;
+    DummyWeightOptions dummy;
+    dummy.init = DummyInit::kHuggingFace;
+    dummy.seed = 11;
+    auto weights = LoadDummyWeights(config_, dummy);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = std::make_unique<ModelWeights>(*std::move(weights));
+    one_ = MakeModel(1, true);
+    ASSERT_NE(one_, nullptr);
+    tp_ = MakeModel(GetParam().tp, true);
+    ASSERT_NE(tp_, nullptr);
+  }
+
+  std::unique_ptr<TpCudaModel> MakeModel(int tp, bool graphs) {
+    TpCudaModelOptions options;
+    options.tp_size = tp;
+    options.model.max_tokens = kMaxTokens;
+    options.model.max_chunk = kChunk;
+    options.model.max_batch = 8;
+    options.model.use_graphs = graphs;
+    auto model = TpCudaModel::Create(config_, *weights_, options);
+    EXPECT_TRUE(model.ok()) << model.status();
+    return model.ok() ? std::move(*model) : nullptr;
+  }
+
+  // The policy the batch and graph tests run: TokenSelect (votes all-reduced, the selection
+  // cache's gathered cosine) where the scoring kernels run, streaming otherwise.
+  SelectionPolicyKind MainPolicy() const {
+    return config_.head_dim == 64 || config_.head_dim == 128 ? SelectionPolicyKind::kTokenSelect
+                                                             : SelectionPolicyKind::kStreaming;
+  }
+
+  std::vector<SelectionPolicyKind> Policies() const {
+    std::vector<SelectionPolicyKind> out = {SelectionPolicyKind::kDense,
+                                            SelectionPolicyKind::kStreaming};
+    if (config_.head_dim == 64 || config_.head_dim == 128) {
+      out.push_back(SelectionPolicyKind::kTokenSelect);
+      out.push_back(SelectionPolicyKind::kQuest);
+    }
+    return out;
+  }
+
+  // Every rank's logits of the last step equal rank 0's, bit for bit.
+  void ExpectRanksAgree(const TpCudaModel& model, const std::vector<float>& rank0) {
+    for (int r = 1; r < model.size(); ++r) {
+      ASSERT_EQ(model.rank_logits(r).size(), rank0.size());
+      EXPECT_TRUE(std::equal(rank0.begin(), rank0.end(), model.rank_logits(r).begin()))
+          << "rank " << r << " logits differ from rank 0's";
+    }
+  }
+
+  ModelConfig config_;
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<TpCudaModel> one_, tp_;
+};
+
+// Chunked prefill of several lengths, then 8 teacher-forced decode steps: logits against one
+// GPU's, and equal on all ranks.
+TEST_P(TpModelTest, LogitsMatchOneGpu) {
+  for (SelectionPolicyKind policy : Policies()) {
+    const SelectionOptions sel = SmallBudget(policy);
+    double worst_prefill = 0, worst_decode = 0;
+    for (int64_t n : {1, 63, 64, 65, 200, 517}) {
+      const std::vector<int32_t> prompt = Prompt(n, n, config_.vocab_size);
+      RankProviders p1(one_.get(), sel), pn(tp_.get(), sel);
+      auto s1 = one_->NewSequence(kMaxTokens);
+      auto sn = tp_->NewSequence(kMaxTokens);
+      ASSERT_TRUE(s1.ok() && sn.ok());
+      std::vector<float> l1, ln;
+      for (int64_t begin = 0; begin < n; begin += kChunk) {
+        const int64_t len = std::min<int64_t>(kChunk, n - begin);
+        const bool last = begin + len == n;
+        const auto chunk = absl::MakeConstSpan(prompt).subspan(begin, len);
+        ASSERT_TRUE(one_->Forward(s1->get(), chunk, p1.get(), last ? &l1 : nullptr).ok());
+        const absl::Status st = tp_->Forward(sn->get(), chunk, pn.get(), last ? &ln : nullptr);
+        ASSERT_TRUE(st.ok()) << st;
+      }
+      worst_prefill =
+          std::max(worst_prefill, gpu_test::RelativeL2(ln.data(), l1.data(), l1.size()));
+      ExpectRanksAgree(*tp_, ln);
+      for (int step = 0; step < 8; ++step) {
+        auto next = one_->GreedyToken();
+        ASSERT_TRUE(next.ok());
+        const int32_t token = *next;
+        ASSERT_TRUE(one_->Forward(s1->get(), absl::MakeConstSpan(&token, 1), p1.get(), &l1).ok());
+        ASSERT_TRUE(tp_->Forward(sn->get(), absl::MakeConstSpan(&token, 1), pn.get(), &ln).ok());
+        worst_decode =
+            std::max(worst_decode, gpu_test::RelativeL2(ln.data(), l1.data(), l1.size()));
+        ExpectRanksAgree(*tp_, ln);
+      }
+      EXPECT_EQ(pn.RankMismatches(), 0) << PolicyName(policy) << " n=" << n;
+    }
+    EXPECT_LE(worst_prefill, 2e-2) << PolicyName(policy);
+    EXPECT_LE(worst_decode, 2e-2) << PolicyName(policy);
+    std::printf("%s TP=%d %s: logits rel L2 vs 1 GPU, worst prefill %.3g, worst decode %.3g\n",
+                GetParam().model.c_str(), GetParam().tp, std::string(PolicyName(policy)).c_str(),
+                worst_prefill, worst_decode);
+  }
+}
+
+// Free-running greedy generation: chunked prefill, then 32 tokens, on one GPU and on TP ranks.
+TEST_P(TpModelTest, GreedyContinuationsMatchOneGpuAndRanksSelectAlike) {
+  auto generate = [&](TpCudaModel* model, RankProviders* providers,
+                      const std::vector<int32_t>& prompt) -> std::vector<int32_t> {
+    auto seq = model->NewSequence(kMaxTokens);
+    EXPECT_TRUE(seq.ok());
+    if (!seq.ok()) return {};
+    std::vector<float> logits;
+    for (size_t begin = 0; begin < prompt.size(); begin += kChunk) {
+      const size_t len = std::min<size_t>(kChunk, prompt.size() - begin);
+      const bool last = begin + len == prompt.size();
+      const absl::Status st =
+          model->Forward(seq->get(), absl::MakeConstSpan(prompt).subspan(begin, len),
+                         providers->get(), last ? &logits : nullptr);
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) return {};
+    }
+    std::vector<int32_t> out;
+    for (int i = 0; i < 32; ++i) {
+      auto next = model->GreedyToken();
+      EXPECT_TRUE(next.ok());
+      if (!next.ok()) return out;
+      out.push_back(*next);
+      if (i == 31) break;
+      const absl::Status st = model->Forward(seq->get(), absl::MakeConstSpan(&out.back(), 1),
+                                             providers->get(), &logits);
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) return out;
+    }
+    ExpectRanksAgree(*model, logits);
+    return out;
+  };
+  for (SelectionPolicyKind policy : Policies()) {
+    const SelectionOptions sel = SmallBudget(policy);
+    int same = 0, total = 0;
+    int64_t mismatched_lists = 0, lists = 0, hits = 0, lookups = 0;
+    for (int i = 0; i < 20; ++i) {
+      const std::vector<int32_t> prompt = Prompt(40 + 23 * i, 1000 + i, config_.vocab_size);
+      RankProviders p1(one_.get(), sel), pn(tp_.get(), sel);
+      const std::vector<int32_t> want = generate(one_.get(), &p1, prompt);
+      const std::vector<int32_t> got = generate(tp_.get(), &pn, prompt);
+      ++total;
+      if (got == want) {
+        ++same;
+      } else {
+        size_t first = 0;
+        while (first < got.size() && first < want.size() && got[first] == want[first]) ++first;
+        std::printf("  %s prompt %d (%zu tokens): first difference at generated token %zu\n",
+                    std::string(PolicyName(policy)).c_str(), i, prompt.size(), first);
+      }
+      mismatched_lists += pn.RankMismatches();
+      lists += static_cast<int64_t>(pn.calls());
+      const std::vector<SelectionCacheCounters> counters = pn.Counters();
+      for (size_t r = 1; r < counters.size(); ++r) {
+        EXPECT_EQ(counters[r].hits, counters[0].hits) << "rank " << r << ", prompt " << i;
+        EXPECT_EQ(counters[r].misses, counters[0].misses) << "rank " << r << ", prompt " << i;
+      }
+      hits += counters[0].hits;
+      lookups += counters[0].lookups();
+    }
+    EXPECT_EQ(mismatched_lists, 0) << PolicyName(policy);
+    EXPECT_GE(same, 19) << PolicyName(policy) << ": identical on " << same << " of " << total;
+    std::printf(
+        "%s TP=%d %s: identical greedy continuations on %d of %d prompts; attention "
+        "lists differing between ranks: %lld of %lld; selection cache %lld hits of %lld "
+        "lookups (rank 0)\n",
+        GetParam().model.c_str(), GetParam().tp, std::string(PolicyName(policy)).c_str(), same,
+        total, static_cast<long long>(mismatched_lists), static_cast<long long>(lists),
+        static_cast<long long>(hits), static_cast<long long>(lookups));
+  }
+}
+
+// Several sequences in one DecodeBatch step: TP against one GPU, rank 0 against the others.
+TEST_P(TpModelTest, DecodeBatchMatchesOneGpu) {
+  const SelectionOptions sel = SmallBudget(MainPolicy());
+  constexpr int kBatch = 3;
+  std::vector<std::unique_ptr<RankProviders>> p1, pn;
+  std::vector<std::unique_ptr<TpSequence>> s1, sn;
+  std::vector<int32_t> next;
+  for (int b = 0; b < kBatch; ++b) {
+    p1.push_back(std::make_unique<RankProviders>(one_.get(), sel));
+    pn.push_back(std::make_unique<RankProviders>(tp_.get(), sel));
+    auto a = one_->NewSequence(320);  // 3 x 20 pages of the 64
+    auto c = tp_->NewSequence(320);
+    ASSERT_TRUE(a.ok() && c.ok());
+    const std::vector<int32_t> prompt = Prompt(150 + 50 * b, 7 + b, config_.vocab_size);
+    std::vector<float> logits;
+    for (size_t begin = 0; begin < prompt.size(); begin += kChunk) {
+      const size_t len = std::min<size_t>(kChunk, prompt.size() - begin);
+      const auto chunk = absl::MakeConstSpan(prompt).subspan(begin, len);
+      const bool last = begin + len == prompt.size();
+      ASSERT_TRUE(one_->Forward(a->get(), chunk, p1.back()->get(), last ? &logits : nullptr).ok());
+      ASSERT_TRUE(tp_->Forward(c->get(), chunk, pn.back()->get(), nullptr).ok());
+    }
+    next.push_back(*one_->GreedyToken());
+    s1.push_back(std::move(*a));
+    sn.push_back(std::move(*c));
+  }
+  auto rows = [&](const std::vector<std::unique_ptr<TpSequence>>& s) {
+    std::vector<TpSequence*> out;
+    for (const auto& q : s) out.push_back(q.get());
+    return out;
+  };
+  auto providers = [&](const std::vector<std::unique_ptr<RankProviders>>& p, int ranks) {
+    std::vector<std::vector<CudaAttentionProvider*>> out(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+      for (const auto& q : p) out[r].push_back(q->get()[r]);
+    }
+    return out;
+  };
+  double worst = 0;
+  for (int step = 0; step < 8; ++step) {
+    std::vector<float> l1, ln;
+    ASSERT_TRUE(one_->DecodeBatch(rows(s1), next, providers(p1, 1), &l1).ok());
+    const absl::Status st = tp_->DecodeBatch(rows(sn), next, providers(pn, tp_->size()), &ln);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(l1.size(), ln.size());
+    worst = std::max(worst, gpu_test::RelativeL2(ln.data(), l1.data(), l1.size()));
+    ExpectRanksAgree(*tp_, ln);
+    auto ids = one_->GreedyTokens();
+    ASSERT_TRUE(ids.ok());
+    next = *ids;
+  }
+  for (const auto& p : pn) EXPECT_EQ(p->RankMismatches(), 0);
+  EXPECT_LE(worst, 2e-2);
+  std::printf("%s TP=%d DecodeBatch of %d (%s): logits rel L2 vs 1 GPU worst %.3g\n",
+              GetParam().model.c_str(), GetParam().tp, kBatch,
+              std::string(PolicyName(sel.policy)).c_str(), worst);
+}
+
+// Decode steps replayed from CUDA graphs (with the all-reduces captured) give the same logits as
+// eager launches, bit for bit; and TpCudaModel with one rank is the plain CudaModel.
+TEST_P(TpModelTest, GraphsMatchEagerAndOneRankIsThePlainModel) {
+  std::unique_ptr<TpCudaModel> eager = MakeModel(GetParam().tp, false);
+  ASSERT_NE(eager, nullptr);
+  const SelectionOptions sel = SmallBudget(MainPolicy());
+  RankProviders pg(tp_.get(), sel), pe(eager.get(), sel);
+  auto sg = tp_->NewSequence(kMaxTokens);
+  auto se = eager->NewSequence(kMaxTokens);
+  ASSERT_TRUE(sg.ok() && se.ok());
+  const std::vector<int32_t> prompt = Prompt(300, 5, config_.vocab_size);
+  std::vector<float> lg, le;
+  for (size_t begin = 0; begin < prompt.size(); begin += kChunk) {
+    const size_t len = std::min<size_t>(kChunk, prompt.size() - begin);
+    const auto chunk = absl::MakeConstSpan(prompt).subspan(begin, len);
+    ASSERT_TRUE(tp_->Forward(sg->get(), chunk, pg.get(), &lg).ok());
+    ASSERT_TRUE(eager->Forward(se->get(), chunk, pe.get(), &le).ok());
+  }
+  // Bit for bit with 2 ranks (a + b is exact whatever NCCL's algorithm); with more, NCCL may
+  // sum in another order inside a graph, so there the bound is rounding.
+  int identical = 0;
+  double worst = 0;
+  for (int step = 0; step < 12; ++step) {
+    auto next = tp_->GreedyToken();
+    ASSERT_TRUE(next.ok());
+    const int32_t token = *next;
+    ASSERT_TRUE(tp_->Forward(sg->get(), absl::MakeConstSpan(&token, 1), pg.get(), &lg).ok());
+    ASSERT_TRUE(eager->Forward(se->get(), absl::MakeConstSpan(&token, 1), pe.get(), &le).ok());
+    identical += lg == le ? 1 : 0;
+    worst = std::max(worst, gpu_test::RelativeL2(lg.data(), le.data(), le.size()));
+  }
+  if (GetParam().tp == 2) {
+    EXPECT_EQ(identical, 12);
+  }
+  EXPECT_LE(worst, 1e-4);
+  std::printf("%s TP=%d graphs vs eager: %d of 12 decode steps bit-identical, worst rel L2 %.3g\n",
+              GetParam().model.c_str(), GetParam().tp, identical, worst);
+
+  // One rank: the same logits as CudaModel itself on device 0.
+  CudaModelOptions plain_options;
+  plain_options.max_tokens = kMaxTokens;
+  plain_options.max_chunk = kChunk;
+  plain_options.max_batch = 8;
+  TS_CUDA_CHECK(cudaSetDevice(0));
+  auto plain = CudaModel::Create(config_, *weights_, plain_options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto sp = (*plain)->NewSequence(kMaxTokens);
+  auto s1 = one_->NewSequence(kMaxTokens);
+  ASSERT_TRUE(sp.ok() && s1.ok());
+  std::vector<float> lp, l1;
+  for (size_t begin = 0; begin < prompt.size(); begin += kChunk) {
+    const size_t len = std::min<size_t>(kChunk, prompt.size() - begin);
+    const auto chunk = absl::MakeConstSpan(prompt).subspan(begin, len);
+    ASSERT_TRUE((*plain)->Forward(sp->get(), chunk, nullptr, &lp).ok());
+    ASSERT_TRUE(one_->Forward(s1->get(), chunk, {}, &l1).ok());
+  }
+  EXPECT_EQ(lp, l1);
+  EXPECT_EQ(one_->shard(0)->config().num_heads, config_.num_heads);
+}
+
+std::vector<TpCase> Cases() {
+  return {{"llama-gqa", 2},       {"llama-gqa-bias", 2}, {"qwen2-bias", 2},     {"llama3-rope", 2},
+          {"llama3-rope-kv4", 2}, {"qwen2-bias", 4},     {"llama3-rope-kv4", 4}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpModelTest, ::testing::ValuesIn(Cases()), CaseName);
+
+// Sizes that do not divide the heads or the MLP are refused, naming the field, before any GPU
+// is touched.
+TEST(TpShapesTest, NonDividingSizesAreInvalidArguments) {
+  PresetOptions preset;
+  auto gqa = PresetConfig("llama-gqa", preset);  // 8 heads, 2 KV heads, intermediate 512
+  ASSERT_TRUE(gqa.ok());
+  auto expect_field = [](const absl::Status& st, const char* field) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(field), std::string::npos) << st;
+  };
+  expect_field(CudaModel::ShardConfig(*gqa, 3).status(), "num_attention_heads");
+  expect_field(CudaModel::ShardConfig(*gqa, 4).status(), "num_key_value_heads");
+  ModelConfig odd_mlp = *gqa;
+  odd_mlp.intermediate_size = 510;
+  expect_field(CudaModel::ShardConfig(odd_mlp, 4).status(), "num_key_value_heads");
+  odd_mlp.num_kv_heads = 4;
+  expect_field(CudaModel::ShardConfig(odd_mlp, 4).status(), "intermediate_size");
+  EXPECT_EQ(CudaModel::ShardConfig(*gqa, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  auto shard = CudaModel::ShardConfig(*gqa, 2);
+  ASSERT_TRUE(shard.ok());
+  EXPECT_EQ(shard->num_heads, 4);
+  EXPECT_EQ(shard->num_kv_heads, 1);
+  EXPECT_EQ(shard->intermediate_size, 256);
+  EXPECT_EQ(shard->hidden_size, gqa->hidden_size);
+
+  TpCudaModelOptions options;
+  options.tp_size = 4;
+  auto refused = TpCudaModel::CreateDummy(*gqa, DummyWeightOptions{}, options);
+  ASSERT_FALSE(refused.ok());
+  expect_field(refused.status(), "num_key_value_heads");
+  options.tp_size = 2;
+  options.devices = {0};
+  EXPECT_EQ(TpCudaModel::CreateDummy(*gqa, DummyWeightOptions{}, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CudaSelectionAttention::Create(SmallBudget(SelectionPolicyKind::kDense), *gqa, 64, 8,
+                                           /*tp_size=*/0)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tokenselect::engine
