@@ -8,12 +8,9 @@
 #include "common/ids.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "engine/kvcache/token_table.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/stop_checker.h"
-#include "engine/selection/selection_attention.h"
 #include "engine/transfer/kv_receiver.h"
-#include "engine/transfer/selection_state.h"
 #include "tokenizer/stream_decoder.h"
 
 namespace tokenselect::decode_worker {
@@ -26,13 +23,14 @@ class Session {
   Reservation reservation;
   common::Stopwatch since_admit;
 
-  // KV reception; the table is the loop thread's once the state is kRunning.
+  // KV reception; the runner (the request's KV and selection on the backend) is the loop
+  // thread's once the state is kRunning.
   absl::Mutex kv_mu;
-  std::unique_ptr<engine::TokenTable> table;     // kv_mu until kRunning, then the loop thread's
-  std::unique_ptr<engine::KvReceiver> receiver;  // kv_mu until kRunning, then the loop thread's
+  std::unique_ptr<engine::SequenceRunner> runner;  // kv_mu until kRunning, then the loop's
+  std::unique_ptr<engine::KvReceiver> receiver;    // kv_mu until kRunning, then the loop's
   engine::KvFinal final;                         // without its selection_states, which wait below
   // The final record's per-layer selection state (empty for stateless policies): kv_mu until
-  // kRunning, then moved into `attention` by the loop thread.
+  // kRunning, then moved into the runner by the loop thread.
   std::vector<engine::SelectionLayerState> selection_states;
 
   // Guarded by the engine's mu_.
@@ -41,7 +39,6 @@ class Session {
   std::atomic<bool> done{false};
 
   // Owned by the loop thread.
-  std::unique_ptr<engine::SelectionAttention> attention;
   std::optional<engine::Sampler> sampler;
   std::unique_ptr<engine::StopChecker> stop;
   std::unique_ptr<tokenizer::StreamDecoder> decoder;
@@ -82,7 +79,7 @@ namespace {
 // A decode step's metrics: the selection time per layer (the step's mean over its layers, one
 // observation per step) and the inter-token gap.
 void RecordStep(DecodeMetrics* metrics, Session* s) {
-  const engine::SelectionStats& stats = s->attention->stats();
+  const engine::SelectionStats stats = s->runner->selection_stats();
   const int64_t layer_steps = stats.layer_steps - s->layer_steps_seen;
   if (layer_steps > 0) {
     s->policy_metrics->selection_seconds->Observe(
@@ -112,26 +109,24 @@ std::optional<DecodeEvent> DecodeStream::Next(absl::Duration timeout) {
 }
 
 absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
-    const engine::Model* model, const tokenizer::Tokenizer* tok,
+    engine::GenerationBackend* backend, const tokenizer::Tokenizer* tok,
     const DecodeEngineOptions& options) {
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<engine::PagePool> pool,
-      engine::PagePool::Create(model->KvCacheOptions(options.kv_pages, options.page_size)));
-  return std::unique_ptr<DecodeEngine>(new DecodeEngine(model, tok, std::move(pool), options));
+  if (backend == nullptr || tok == nullptr) {
+    return absl::InvalidArgumentError("DecodeEngine needs a backend and a tokenizer");
+  }
+  return std::unique_ptr<DecodeEngine>(new DecodeEngine(backend, tok, options));
 }
 
-DecodeEngine::DecodeEngine(const engine::Model* model, const tokenizer::Tokenizer* tok,
-                           std::unique_ptr<engine::PagePool> pool,
+DecodeEngine::DecodeEngine(engine::GenerationBackend* backend, const tokenizer::Tokenizer* tok,
                            const DecodeEngineOptions& options)
-    : model_(model),
+    : backend_(backend),
       tokenizer_(tok),
-      pool_(std::move(pool)),
       options_(options),
       clock_(options.clock != nullptr ? options.clock : common::Clock::Real()) {
-  for (int64_t id : model_->config().eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+  for (int64_t id : backend_->config().eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   for (int32_t id : tokenizer_->eos_ids()) eos_ids_.push_back(id);
   if (options.metrics != nullptr) {
-    metrics_ = std::make_unique<DecodeMetrics>(*options.metrics, model_->config().num_layers,
+    metrics_ = std::make_unique<DecodeMetrics>(*options.metrics, backend_->config().num_layers,
                                                options.record_inter_token);
     absl::MutexLock lock(&mu_);
     PublishLoad();
@@ -145,7 +140,7 @@ DecodeEngine::DecodeEngine(const engine::Model* model, const tokenizer::Tokenize
 DecodeEngine::~DecodeEngine() { Shutdown(absl::ZeroDuration()); }
 
 absl::StatusOr<DecodeStream> DecodeEngine::Admit(DecodeSpec spec) {
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = backend_->config().vocab_size;
   if (spec.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
   if (spec.prompt.empty()) {
     return absl::InvalidArgumentError("request.prompt_token_ids must not be empty");
@@ -160,11 +155,12 @@ absl::StatusOr<DecodeStream> DecodeEngine::Admit(DecodeSpec spec) {
   RETURN_IF_ERROR(engine::ValidateSelectionOptions(spec.selection));
   const int64_t prompt_tokens = static_cast<int64_t>(spec.prompt.size());
   const int64_t needed = prompt_tokens + spec.sampling.max_new_tokens;
-  if (needed > pool_->num_slots()) {
+  const int64_t slots = backend_->kv_capacity().num_slots();
+  if (needed > slots) {
     return absl::InvalidArgumentError(
         absl::StrCat("prompt too long: prompt (", prompt_tokens, ") + sampling.max_new_tokens (",
                      spec.sampling.max_new_tokens, ") exceeds this worker's KV capacity of ",
-                     pool_->num_slots(), " tokens"));
+                     slots, " tokens"));
   }
   auto s = std::make_shared<Session>();
   s->reservation.reservation_id = common::NewId("rsv");
@@ -183,13 +179,14 @@ absl::StatusOr<DecodeStream> DecodeEngine::Admit(DecodeSpec spec) {
       return absl::ResourceExhaustedError(
           absl::StrCat("decode worker is full (", options_.max_running, " requests)"));
     }
-    auto table = std::make_unique<engine::TokenTable>(pool_.get(), spec.request_id);
-    RETURN_IF_ERROR(table->Reserve(needed));
+    // The request's KV and its selection provider, all or nothing.
+    ASSIGN_OR_RETURN(std::unique_ptr<engine::SequenceRunner> runner,
+                     backend_->Start(needed, spec.selection));
     {
       absl::MutexLock kv_lock(&s->kv_mu);
       s->receiver = std::make_unique<engine::KvReceiver>(
-          spec.request_id, s->reservation.reservation_id, table.get(), prompt_tokens);
-      s->table = std::move(table);
+          spec.request_id, s->reservation.reservation_id, runner->kv(), prompt_tokens);
+      s->runner = std::move(runner);
     }
     s->lease_expires = clock_->Now() + options_.lease_timeout;
     s->reservation.lease_expires = s->lease_expires;
@@ -211,7 +208,7 @@ void DecodeEngine::End(const std::shared_ptr<Session>& s, DecodeEvent event) {
   {
     absl::MutexLock lock(&mu_);
     if (s->state == Session::State::kDone) return;
-    release = s->state != Session::State::kRunning;  // the loop releases running tables
+    release = s->state != Session::State::kRunning;  // the loop releases running runners
     s->state = Session::State::kDone;
     s->done = true;
     auto it = sessions_.find(s->spec.request_id);
@@ -221,7 +218,7 @@ void DecodeEngine::End(const std::shared_ptr<Session>& s, DecodeEvent event) {
   if (release) {
     absl::MutexLock kv_lock(&s->kv_mu);
     s->receiver.reset();
-    if (s->table) s->table->Release();
+    s->runner.reset();
   }
   if (metrics_ != nullptr) {
     absl::MutexLock lock(&mu_);
@@ -232,7 +229,7 @@ void DecodeEngine::End(const std::shared_ptr<Session>& s, DecodeEvent event) {
 
 absl::Status DecodeEngine::AcceptKv(const std::string& request_id,
                                     const std::string& reservation_id,
-                                    const engine::KvBlock& block) {
+                                    const engine::KvBlock& block, engine::KvSideChannel* side) {
   std::shared_ptr<Session> s = Find(request_id);
   {
     absl::MutexLock lock(&mu_);
@@ -246,7 +243,7 @@ absl::Status DecodeEngine::AcceptKv(const std::string& request_id,
   {
     absl::MutexLock kv_lock(&s->kv_mu);
     if (s->receiver == nullptr) return absl::NotFoundError("reservation already freed");
-    status = s->receiver->Accept(request_id, reservation_id, block);
+    status = s->receiver->Accept(request_id, reservation_id, block, side);
   }
   if (!status.ok()) ResetKv(s);
   return status;
@@ -254,15 +251,16 @@ absl::Status DecodeEngine::AcceptKv(const std::string& request_id,
 
 void DecodeEngine::ResetKv(const std::shared_ptr<Session>& s) {
   absl::MutexLock kv_lock(&s->kv_mu);
-  if (s->receiver == nullptr || s->table == nullptr) return;
+  if (s->receiver == nullptr || s->runner == nullptr) return;
   s->receiver =
       std::make_unique<engine::KvReceiver>(s->spec.request_id, s->reservation.reservation_id,
-                                           s->table.get(), s->reservation.prompt_tokens);
+                                           s->runner->kv(), s->reservation.prompt_tokens);
 }
 
 absl::StatusOr<engine::KvPushStats> DecodeEngine::FinishKv(const std::string& request_id,
                                                            const std::string& reservation_id,
-                                                           engine::KvFinal final) {
+                                                           engine::KvFinal final,
+                                                           engine::KvSideChannel* side) {
   std::shared_ptr<Session> s = Find(request_id);
   {
     absl::MutexLock lock(&mu_);
@@ -273,13 +271,13 @@ absl::StatusOr<engine::KvPushStats> DecodeEngine::FinishKv(const std::string& re
   }
   absl::Status status;
   engine::KvPushStats stats;
-  if (final.first_token_id >= model_->config().vocab_size) {
+  if (final.first_token_id >= backend_->config().vocab_size) {
     status = absl::InvalidArgumentError(
         absl::StrCat("final.first_token_id ", final.first_token_id, " is outside the vocabulary"));
   } else {
     absl::MutexLock kv_lock(&s->kv_mu);
     if (s->receiver == nullptr) return absl::NotFoundError("reservation already freed");
-    status = s->receiver->Finish(request_id, reservation_id, final);
+    status = s->receiver->Finish(request_id, reservation_id, final, side);
     stats.tokens_received = s->receiver->tokens_complete();
     stats.bytes_received = s->receiver->bytes_received();
     if (status.ok()) s->selection_states = s->receiver->TakeSelectionStates();
@@ -351,10 +349,6 @@ void DecodeEngine::StartRunning(const std::shared_ptr<Session>& s) {
   }
   running_.push_back(s);
   auto fail = [&](const absl::Status& status) { End(s, ErrorEvent(status)); };
-  absl::StatusOr<std::unique_ptr<engine::SelectionAttention>> attention =
-      engine::SelectionAttention::Create(s->spec.selection, model_->config().num_layers);
-  if (!attention.ok()) return fail(attention.status());
-  s->attention = std::move(attention).value();
   // The prefill worker's selection state (checked by the receiver): the decode steps go on
   // from where its last chunk left it, as in one process.
   std::vector<engine::SelectionLayerState> states;
@@ -362,8 +356,7 @@ void DecodeEngine::StartRunning(const std::shared_ptr<Session>& s) {
     absl::MutexLock kv_lock(&s->kv_mu);
     states.swap(s->selection_states);
   }
-  absl::Status restored = engine::RestoreSelectionStates(
-      std::move(states), model_->config().num_layers, s->attention.get());
+  absl::Status restored = s->runner->RestoreSelectionStates(std::move(states));
   if (!restored.ok()) return fail(restored);
   if (metrics_ != nullptr) {
     metrics_->queue_time().Observe(s->since_ready.ElapsedSeconds());
@@ -373,7 +366,7 @@ void DecodeEngine::StartRunning(const std::shared_ptr<Session>& s) {
   engine::SamplingParams params = s->spec.sampling;
   params.seed = s->final.seed;
   absl::StatusOr<engine::Sampler> sampler =
-      engine::Sampler::Create(params, static_cast<int>(model_->config().vocab_size));
+      engine::Sampler::Create(params, static_cast<int>(backend_->config().vocab_size));
   if (!sampler.ok()) return fail(sampler.status());
   s->sampler.emplace(std::move(sampler).value());
   s->stop = std::make_unique<engine::StopChecker>(params, eos_ids_);
@@ -389,47 +382,69 @@ void DecodeEngine::StartRunning(const std::shared_ptr<Session>& s) {
   event.tokens.push_back({first, s->final.first_token_logprob, s->final.first_top_logprobs});
   event.text = std::move(checked->text);
   s->Push(std::move(event));
-  if (s->stop->finished()) Step(s);  // Step reports the finish without a forward pass
+  if (s->stop->finished()) Finish(s);  // e.g. max_new_tokens 1, or a stop on the first token
 }
 
-void DecodeEngine::Step(const std::shared_ptr<Session>& s) {
-  if (s->done) return;
-  if (!s->stop->finished()) {
-    const int32_t last = s->generated.back();
-    engine::ForwardRequest request;
-    request.tokens = absl::MakeConstSpan(&last, 1);
-    request.table = s->table.get();
-    request.attention = s->attention.get();
-    request.logits = engine::LogitsRows::kLast;
-    absl::Status status = model_->Forward(request, &workspace_, &logits_);
-    if (!status.ok()) return End(s, ErrorEvent(common::Annotate(status, "decode step: ")));
-    absl::StatusOr<engine::SampleResult> sample =
-        s->sampler->Sample(logits_, s->spec.prompt, s->generated);
-    if (!sample.ok()) return End(s, ErrorEvent(sample.status()));
-    s->generated.push_back(sample->token_id);
-    absl::StatusOr<engine::StopCheckResult> checked =
-        s->stop->Append(sample->token_id, s->decoder->Push(sample->token_id));
-    if (!checked.ok()) return End(s, ErrorEvent(checked.status()));
-    if (checked->finish_reason == engine::FinishReason::kLength) {
-      checked->text += s->decoder->Flush();
+void DecodeEngine::StepAll(const std::vector<std::shared_ptr<Session>>& sessions) {
+  // Every session that still generates runs in one batched forward pass; row b of the logits
+  // belongs to batch[b] (a session cancelled meanwhile just drops its row).
+  std::vector<std::shared_ptr<Session>> batch;
+  std::vector<engine::SequenceRunner*> runners;
+  std::vector<int32_t> tokens;
+  for (const auto& s : sessions) {
+    if (s->done) continue;
+    if (s->stop->finished()) {
+      Finish(s);
+      continue;
     }
-    DecodeEvent event;
-    event.tokens.push_back({sample->token_id, sample->logprob, std::move(sample->top_logprobs)});
-    event.text = std::move(checked->text);
-    s->Push(std::move(event));
-    if (s->policy_metrics != nullptr) RecordStep(metrics_.get(), s.get());
+    batch.push_back(s);
+    runners.push_back(s->runner.get());
+    tokens.push_back(s->generated.back());
   }
-  if (s->stop->finished()) {
-    DecodeEvent final;
-    final.kind = DecodeEvent::Kind::kFinal;
-    final.finish_reason = s->stop->finish_reason();
-    final.prompt_tokens = static_cast<int64_t>(s->spec.prompt.size());
-    final.completion_tokens = static_cast<int64_t>(s->generated.size());
-    final.kv_wait_seconds = s->kv_wait_seconds;
-    final.decode_seconds = s->decode_clock.ElapsedSeconds();
-    final.cache = s->attention->cache().total_counters();
-    End(s, std::move(final));
+  if (batch.empty()) return;
+  const absl::Status status = backend_->DecodeBatch(runners, tokens, &logits_);
+  const size_t vocab = static_cast<size_t>(backend_->config().vocab_size);
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const std::shared_ptr<Session>& s = batch[b];
+    if (s->done) continue;
+    if (!status.ok()) {
+      End(s, ErrorEvent(common::Annotate(status, "decode step: ")));
+      continue;
+    }
+    Advance(s, absl::MakeConstSpan(logits_).subspan(b * vocab, vocab));
+    if (!s->done && s->stop->finished()) Finish(s);
   }
+}
+
+void DecodeEngine::Advance(const std::shared_ptr<Session>& s, absl::Span<const float> logits) {
+  absl::StatusOr<engine::SampleResult> sample =
+      s->sampler->Sample(logits, s->spec.prompt, s->generated);
+  if (!sample.ok()) return End(s, ErrorEvent(sample.status()));
+  s->generated.push_back(sample->token_id);
+  absl::StatusOr<engine::StopCheckResult> checked =
+      s->stop->Append(sample->token_id, s->decoder->Push(sample->token_id));
+  if (!checked.ok()) return End(s, ErrorEvent(checked.status()));
+  if (checked->finish_reason == engine::FinishReason::kLength) {
+    checked->text += s->decoder->Flush();
+  }
+  DecodeEvent event;
+  event.tokens.push_back({sample->token_id, sample->logprob, std::move(sample->top_logprobs)});
+  event.text = std::move(checked->text);
+  s->Push(std::move(event));
+  if (s->policy_metrics != nullptr) RecordStep(metrics_.get(), s.get());
+}
+
+void DecodeEngine::Finish(const std::shared_ptr<Session>& s) {
+  DecodeEvent final;
+  final.kind = DecodeEvent::Kind::kFinal;
+  final.finish_reason = s->stop->finish_reason();
+  final.prompt_tokens = static_cast<int64_t>(s->spec.prompt.size());
+  final.completion_tokens = static_cast<int64_t>(s->generated.size());
+  final.kv_wait_seconds = s->kv_wait_seconds;
+  final.decode_seconds = s->decode_clock.ElapsedSeconds();
+  absl::StatusOr<engine::SelectionCacheCounters> cache = s->runner->cache_counters();
+  if (cache.ok()) final.cache = *cache;
+  End(s, std::move(final));
 }
 
 void DecodeEngine::LoopThread() {
@@ -448,17 +463,21 @@ void DecodeEngine::LoopThread() {
     }
     // Admission between steps: newly complete requests join the batch with their first token.
     for (const auto& s : starting) StartRunning(s);
-    // One step: every running request advances one token.
+    // One step: every running request advances one token, all in one batch.
+    std::vector<std::shared_ptr<Session>> stepping;
     for (const auto& s : running_) {
-      if (std::find(starting.begin(), starting.end(), s) == starting.end()) Step(s);
+      if (std::find(starting.begin(), starting.end(), s) == starting.end()) stepping.push_back(s);
     }
+    StepAll(stepping);
     auto finished = [](const std::shared_ptr<Session>& s) {
       if (!s->done) return false;
-      if (s->policy_metrics != nullptr && s->attention != nullptr) {
-        DecodeMetrics::RecordCache(*s->policy_metrics, *s->attention);
+      if (s->policy_metrics != nullptr && s->runner != nullptr) {
+        absl::StatusOr<std::vector<engine::SelectionCacheCounters>> layers =
+            s->runner->layer_cache_counters();
+        if (layers.ok()) DecodeMetrics::RecordCache(*s->policy_metrics, *layers);
       }
       absl::MutexLock kv_lock(&s->kv_mu);
-      if (s->table) s->table->Release();
+      s->runner.reset();
       return true;
     };
     running_.erase(std::remove_if(running_.begin(), running_.end(), finished), running_.end());
@@ -469,7 +488,7 @@ void DecodeEngine::LoopThread() {
   for (const auto& s : running_) {
     End(s, ErrorEvent(absl::UnavailableError("decode worker shut down")));
     absl::MutexLock kv_lock(&s->kv_mu);
-    if (s->table) s->table->Release();
+    s->runner.reset();
   }
   running_.clear();
 }
@@ -500,12 +519,13 @@ void DecodeEngine::Shutdown(absl::Duration grace) {
 
 void DecodeEngine::PublishLoad() {
   if (metrics_ == nullptr) return;
-  const int64_t total = pool_->num_pages();
+  const engine::KvCapacity kv = backend_->kv_capacity();
+  const int64_t total = kv.total_pages;
   // A running request that just ended has left sessions_ but not yet num_running_ (the loop
   // updates it after the step): clamp the difference.
   const int64_t waiting =
       std::max<int64_t>(0, static_cast<int64_t>(sessions_.size()) - num_running_);
-  metrics_->load().Set(num_running_, waiting, total - pool_->num_free_pages(), total);
+  metrics_->load().Set(num_running_, waiting, total - kv.free_pages, total);
 }
 
 DecodeLoad DecodeEngine::Load() const {
@@ -513,9 +533,10 @@ DecodeLoad DecodeEngine::Load() const {
   absl::MutexLock lock(&mu_);
   load.running = num_running_;
   load.waiting = static_cast<int64_t>(sessions_.size()) - num_running_;
-  load.free_pages = pool_->num_free_pages();
-  load.total_pages = pool_->num_pages();
-  load.page_size = pool_->page_size();
+  const engine::KvCapacity kv = backend_->kv_capacity();
+  load.free_pages = kv.free_pages;
+  load.total_pages = kv.total_pages;
+  load.page_size = kv.page_size;
   load.draining = draining_;
   return load;
 }

@@ -1,19 +1,23 @@
 // The decode worker's engine, without gRPC (decode_service.cc translates): admission by KV
 // reservation, reception of the K/V pushed by a prefill worker, and one decode loop thread that
-// runs continuous batching over every running request. docs/DESIGN.md section 2, steps 2 and 4.
+// runs continuous batching over every running request, on the worker's GenerationBackend (CPU or
+// GPU, engine/generation/backend.h). docs/DESIGN.md section 2, steps 2 and 4.
 //
 // A request's life here:
-//   Admit      reserves prompt + max_new_tokens token slots (all or nothing) and returns a session
+//   Admit      reserves prompt + max_new_tokens token slots (all or nothing; a SequenceRunner of the
+//              backend, which also holds the request's selection provider) and returns a session
 //              holding a lease: if no KV message arrives for lease_timeout (common::Clock time;
 //              every accepted block renews it) the reservation is freed and the session ends with
 //              DeadlineExceeded.
 //   AcceptKv / FinishKv  validate and write the K/V into the reserved slots (KvReceiver); the
 //              final record brings the first token (sampled by the prefill worker), the seed and
-//              the selection policy's per-layer state, restored into the request's
-//              SelectionAttention before its first decode step.
+//              the selection policy's per-layer state, restored into the request's runner
+//              before its first decode step. With the NCCL transport the blocks' bytes come
+//              through the stream's KvSideChannel (engine/transfer/kv_store.h).
 //   decode loop  between steps, takes newly complete requests into the running batch (emitting
-//              their first token), then advances every running request by one token: forward
-//              (with the request's own SelectionAttention, hence its own selection cache),
+//              their first token), then advances every running request by one token: one
+//              GenerationBackend::DecodeBatch over all of them (each with its own selection
+//              provider, hence its own selection cache),
 //              Sampler (same seed; step t keys the draw, so the stream continues the prefill
 //              worker's), StopChecker and StreamDecoder (this worker holds the tokenizer, applies
 //              stop strings and sends text deltas with the ids; the router passes text through).
@@ -40,8 +44,7 @@
 #include "common/clock.h"
 #include "common/metrics/tokenselect_metrics.h"
 #include "decode_worker/decode_metrics.h"
-#include "engine/kvcache/page_pool.h"
-#include "engine/model/model.h"
+#include "engine/generation/backend.h"
 #include "engine/sampling/finish_reason.h"
 #include "engine/sampling/logprobs.h"
 #include "engine/sampling/sampling_params.h"
@@ -54,8 +57,6 @@
 namespace tokenselect::decode_worker {
 
 struct DecodeEngineOptions {
-  int64_t kv_pages = 4096;
-  int64_t page_size = 16;
   // A reservation is freed when no KV message arrives for this long.
   absl::Duration lease_timeout = absl::Seconds(30);
   common::Clock* clock = nullptr;  // common::Clock::Real() when null
@@ -133,27 +134,31 @@ struct DecodeLoad {
 
 class DecodeEngine {
  public:
-  // `model` and `tokenizer` must outlive the engine. InvalidArgument for bad pool options.
-  static absl::StatusOr<std::unique_ptr<DecodeEngine>> Create(const engine::Model* model,
+  // `backend` (the model and its KV pool) and `tokenizer` must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<DecodeEngine>> Create(engine::GenerationBackend* backend,
                                                               const tokenizer::Tokenizer* tok,
                                                               const DecodeEngineOptions& options);
   ~DecodeEngine();  // Shutdown(0)
 
   // Admits a request. InvalidArgument naming the field (prompt, sampling.*, selection.*,
   // request_id); AlreadyExists for a request id in use; ResourceExhausted when the pages or the
-  // request slots are not there; Unavailable while draining.
+  // request slots are not there; the backend's refusals (Unimplemented for a policy it lacks);
+  // Unavailable while draining.
   absl::StatusOr<DecodeStream> Admit(DecodeSpec spec);
 
   // KV reception (one stream per request at a time). NotFound for an unknown or expired
   // reservation; InvalidArgument from the receiver's checks. A failed or aborted stream rewinds
   // the reservation to empty (the request keeps waiting, so the router may retry the prefill on
-  // another worker); the lease bounds the wait.
+  // another worker); the lease bounds the wait. `side`: the stream's device link, for blocks
+  // that name one (KvReceiver::Accept).
   absl::Status AcceptKv(const std::string& request_id, const std::string& reservation_id,
-                        const engine::KvBlock& block);
-  // `final` is taken by value: its selection states move into the request.
+                        const engine::KvBlock& block, engine::KvSideChannel* side = nullptr);
+  // `final` is taken by value: its selection states move into the request. With `side`, waits
+  // for the link's blocks to land first.
   absl::StatusOr<engine::KvPushStats> FinishKv(const std::string& request_id,
                                                const std::string& reservation_id,
-                                               engine::KvFinal final);
+                                               engine::KvFinal final,
+                                               engine::KvSideChannel* side = nullptr);
   // The KV stream broke before its final record: the reservation is rewound (see above).
   void AbortKv(const std::string& request_id, const std::string& reservation_id,
                const absl::Status& status);
@@ -166,12 +171,12 @@ class DecodeEngine {
   void Shutdown(absl::Duration grace);
 
   DecodeLoad Load() const;
-  const engine::PagePool& pool() const { return *pool_; }
-  engine::KvLayout layout() const { return engine::LayoutOf(*pool_); }
+  engine::KvCapacity kv_capacity() const { return backend_->kv_capacity(); }
+  engine::KvLayout layout() const { return backend_->kv_layout(); }
 
  private:
-  DecodeEngine(const engine::Model* model, const tokenizer::Tokenizer* tok,
-               std::unique_ptr<engine::PagePool> pool, const DecodeEngineOptions& options);
+  DecodeEngine(engine::GenerationBackend* backend, const tokenizer::Tokenizer* tok,
+               const DecodeEngineOptions& options);
   std::shared_ptr<Session> Find(const std::string& request_id);
   // Ends `s` with `event` (error or final) and frees its pages unless it runs in the loop.
   void End(const std::shared_ptr<Session>& s, DecodeEvent event);
@@ -179,13 +184,17 @@ class DecodeEngine {
   void LeaseThread();
   void ResetKv(const std::shared_ptr<Session>& s);
   void StartRunning(const std::shared_ptr<Session>& s);
-  void Step(const std::shared_ptr<Session>& s);
+  // One decode step of every session in `sessions` (the running ones not just started).
+  void StepAll(const std::vector<std::shared_ptr<Session>>& sessions);
+  // Samples `s`'s next token from its logits row and streams it.
+  void Advance(const std::shared_ptr<Session>& s, absl::Span<const float> logits);
+  // Ends `s` with its final event (finish reason, usage, timings, cache counters).
+  void Finish(const std::shared_ptr<Session>& s);
   // Publishes the load gauges (no-op without metrics).
   void PublishLoad() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const engine::Model* model_;
+  engine::GenerationBackend* backend_;
   const tokenizer::Tokenizer* tokenizer_;
-  std::unique_ptr<engine::PagePool> pool_;
   const DecodeEngineOptions options_;
   common::Clock* clock_;
   std::vector<int32_t> eos_ids_;
@@ -200,8 +209,7 @@ class DecodeEngine {
 
   // Owned by the loop thread.
   std::vector<std::shared_ptr<Session>> running_;
-  engine::ForwardWorkspace workspace_;
-  std::vector<float> logits_;
+  std::vector<float> logits_;  // [batch, vocab] of the last step
 
   std::thread loop_;
   std::thread lease_;

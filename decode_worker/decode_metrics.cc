@@ -27,11 +27,10 @@ const DecodeMetrics::Policy& DecodeMetrics::ForPolicy(engine::SelectionPolicyKin
   return *p;
 }
 
-void DecodeMetrics::RecordCache(const Policy& policy, const engine::SelectionAttention& attention) {
-  const engine::SelectionCache& cache = attention.cache();
-  for (int64_t layer = 0; layer < cache.num_layers(); ++layer) {
-    const engine::SelectionCacheCounters c = cache.layer_counters(layer);
-    policy.cache.Add(static_cast<int>(layer), c.hits, c.misses);
+void DecodeMetrics::RecordCache(const Policy& policy,
+                                absl::Span<const engine::SelectionCacheCounters> layers) {
+  for (size_t layer = 0; layer < layers.size(); ++layer) {
+    policy.cache.Add(static_cast<int>(layer), layers[layer].hits, layers[layer].misses);
   }
 }
 

@@ -17,7 +17,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics/tokenselect_metrics.h"
-#include "engine/selection/selection_attention.h"
+#include "absl/types/span.h"
+#include "engine/selection/selection_cache.h"
 #include "engine/selection/selection_options.h"
 
 namespace tokenselect::decode_worker {
@@ -43,7 +44,8 @@ class DecodeMetrics {
   common::metrics::PhaseLoadGauges& load() { return load_; }
 
   // Adds a finished request's per-layer selection-cache counters.
-  static void RecordCache(const Policy& policy, const engine::SelectionAttention& attention);
+  static void RecordCache(const Policy& policy,
+                          absl::Span<const engine::SelectionCacheCounters> layers);
 
  private:
   static constexpr int kMaxPolicies = 16;

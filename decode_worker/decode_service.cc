@@ -112,6 +112,9 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
     pb::PushKvMessage msg;
     std::string request_id, reservation_id;
     bool final_seen = false;
+    // The device link of a stream whose chunks name one (the NCCL transport), held until the
+    // stream ends; broken (aborted, dropped) unless the stream completes.
+    std::unique_ptr<engine::KvLinkLease> link;
     while (reader->Read(&msg)) {
       if (request_id.empty()) {
         request_id = msg.request_id();
@@ -121,13 +124,23 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "message after the final record");
       }
       if (msg.has_chunk()) {
-        absl::Status status = engine_->AcceptKv(msg.request_id(), msg.reservation_id(),
-                                                wire::ToEngine(msg.mutable_chunk()));
+        engine::KvBlock block = wire::ToEngine(msg.mutable_chunk());
+        if (!block.link_id.empty() && link == nullptr) {
+          absl::Status status = AcquireLink(block.link_id, &link);
+          if (!status.ok()) {
+            engine_->AbortKv(msg.request_id(), msg.reservation_id(), status);
+            return rpc::ToGrpcStatus(status);
+          }
+        }
+        absl::Status status =
+            engine_->AcceptKv(msg.request_id(), msg.reservation_id(), block, link.get());
         if (!status.ok()) return rpc::ToGrpcStatus(status);
       } else if (msg.has_final()) {
-        absl::StatusOr<engine::KvPushStats> stats = engine_->FinishKv(
-            msg.request_id(), msg.reservation_id(), wire::ToEngine(msg.mutable_final()));
+        absl::StatusOr<engine::KvPushStats> stats =
+            engine_->FinishKv(msg.request_id(), msg.reservation_id(),
+                              wire::ToEngine(msg.mutable_final()), link.get());
         if (!stats.ok()) return rpc::ToGrpcStatus(stats.status());
+        if (link != nullptr) link->Release();
         response->set_tokens_received(stats->tokens_received);
         response->set_bytes_received(stats->bytes_received);
         final_seen = true;
@@ -146,6 +159,17 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
       return rpc::ToGrpcStatus(status);
     }
     return grpc::Status::OK;
+  }
+
+  grpc::Status ConnectKvLink(grpc::ServerContext*, const pb::ConnectKvLinkRequest* req,
+                             pb::ConnectKvLinkResponse*) override {
+    if (options_.links == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "this decode worker takes no device K/V links (it needs --device cuda "
+                          "and a build with NCCL); use the host transport");
+    }
+    return rpc::ToGrpcStatus(options_.links->Connect(req->link_id(), req->nccl_unique_id(),
+                                                     req->max_chunk_tokens()));
   }
 
   grpc::Status GetLoad(grpc::ServerContext*, const pb::GetLoadRequest*,
@@ -168,6 +192,17 @@ class DecodeServiceImpl final : public pb::DecodeWorker::Service {
   }
 
  private:
+  absl::Status AcquireLink(const std::string& link_id, std::unique_ptr<engine::KvLinkLease>* out) {
+    if (options_.links == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk.link_id '", link_id, "': this decode worker takes no device K/V links"));
+    }
+    absl::StatusOr<std::unique_ptr<engine::KvLinkLease>> lease = options_.links->Acquire(link_id);
+    if (!lease.ok()) return lease.status();
+    *out = *std::move(lease);
+    return absl::OkStatus();
+  }
+
   DecodeEngine* engine_;
   const DecodeServiceOptions options_;
 };

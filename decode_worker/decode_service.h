@@ -10,6 +10,7 @@
 
 #include "decode_worker/decode_engine.h"
 #include "engine/selection/selection_options.h"
+#include "engine/transfer/kv_links.h"
 #include "grpcpp/impl/codegen/service_type.h"
 
 namespace tokenselect::decode_worker {
@@ -19,6 +20,9 @@ struct DecodeServiceOptions {
   std::string worker_id;
   // The worker's address as clients reach it (filled into reservations).
   std::function<std::string()> address;
+  // Device K/V links (ConnectKvLink, PushKv chunks with a link_id): null when the worker has no
+  // GPU cache or no NCCL (ConnectKvLink is FAILED_PRECONDITION then). Must outlive the service.
+  engine::KvLinkAcceptor* links = nullptr;
 };
 
 // `engine` must outlive the service.

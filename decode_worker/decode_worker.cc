@@ -20,16 +20,28 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> StartDecodeWorker(
     const DecodeWorkerOptions& options) {
   std::unique_ptr<DecodeWorker> w(new DecodeWorker());
   w->worker_id_ = common::NewId("decode");
-  const engine::Model* model = options.model;
-  const tokenizer::Tokenizer* tok = options.tokenizer;
-  if (model == nullptr || tok == nullptr) {
+  if (options.model != nullptr && options.tokenizer != nullptr) {
+    ASSIGN_OR_RETURN(w->backend_, engine::CpuWorkerBackend(options.model, options.tokenizer,
+                                                           options.backend));
+  } else {
     ASSIGN_OR_RETURN(engine::LoadFormat format, engine::ParseLoadFormat(options.load_format));
-    ASSIGN_OR_RETURN(w->owned_, engine::LoadModelDirectory(options.model_dir, format));
-    model = w->owned_.model.get();
-    tok = w->owned_.tokenizer.get();
+    ASSIGN_OR_RETURN(w->backend_,
+                     engine::LoadWorkerBackend(options.model_dir, format, options.backend));
   }
-  ASSIGN_OR_RETURN(w->engine_, DecodeEngine::Create(model, tok, options.engine));
+  ASSIGN_OR_RETURN(w->engine_, DecodeEngine::Create(w->backend_->backend(),
+                                                    w->backend_->tokenizer(), options.engine));
   DecodeServiceOptions service_options;
+  if (std::optional<engine::DeviceKvCache> cache = w->backend_->backend()->device_cache()) {
+    // A GPU cache takes device links (the NCCL transport) when the build has NCCL.
+    absl::StatusOr<std::unique_ptr<engine::KvLinkAcceptor>> links =
+        engine::NewNcclKvLinkAcceptor(*cache, options.links);
+    if (links.ok()) {
+      w->links_ = *std::move(links);
+      service_options.links = w->links_.get();
+    } else {
+      TS_LOG(INFO, "decode worker: no device K/V links: {}", links.status().ToString());
+    }
+  }
   service_options.default_selection = options.default_selection;
   service_options.worker_id = w->worker_id_;
   DecodeWorker* raw = w.get();
@@ -50,8 +62,8 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> StartDecodeWorker(
         absl::StrCat("decode worker: cannot listen on ", options.listen_address));
   }
   w->address_ = rpc::DialTarget(options.listen_address, w->port_);
-  TS_LOG(INFO, "decode worker {} listening on {} ({} KV pages of {} tokens)", w->worker_id_,
-         w->address_, options.engine.kv_pages, options.engine.page_size);
+  TS_LOG(INFO, "decode worker {} listening on {} ({})", w->worker_id_, w->address_,
+         w->backend_->Describe());
   return w;
 }
 

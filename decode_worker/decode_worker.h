@@ -14,7 +14,9 @@
 #include "absl/time/time.h"
 #include "decode_worker/decode_engine.h"
 #include "engine/generation/model_loader.h"
+#include "engine/generation/worker_backend.h"
 #include "engine/selection/selection_options.h"
+#include "engine/transfer/kv_links.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 
@@ -24,10 +26,12 @@ struct DecodeWorkerOptions {
   // The model: either a directory to load ...
   std::string model_dir;
   std::string load_format = "auto";  // auto | safetensors | dummy
-  // ... or a model and tokenizer owned by the caller, which must outlive the worker (all-in-one
-  // shares one copy between the workers). Used when model is set.
+  // ... or a CPU model and tokenizer owned by the caller, which must outlive the worker
+  // (all-in-one on the CPU shares one copy between the workers). Used when model is set.
   const engine::Model* model = nullptr;
   const tokenizer::Tokenizer* tokenizer = nullptr;
+  // Device, GPU, KV capacity (pages x page_size; 0 pages on a GPU: planned from its memory).
+  engine::WorkerBackendOptions backend;
 
   // host:port to listen on; port 0 picks a free port (see DecodeWorker::port()).
   std::string listen_address = "127.0.0.1:0";
@@ -37,7 +41,8 @@ struct DecodeWorkerOptions {
   // DecodeRequest is ~3 MiB of varints).
   int max_receive_message_bytes = 64 << 20;
 
-  DecodeEngineOptions engine;                  // kv_pages, page_size, lease_timeout, clock
+  DecodeEngineOptions engine;                  // lease_timeout, clock, metrics
+  engine::KvLinkOptions links;                 // device K/V links (GPU + NCCL): timeouts
   engine::SelectionOptions default_selection;  // per-request overrides start from these
 };
 
@@ -52,6 +57,8 @@ class DecodeWorker {
   const std::string& address() const { return address_; }
   const std::string& worker_id() const { return worker_id_; }
   DecodeEngine& engine() { return *engine_; }
+  // The CPU backend's pool (tests check it for leaks); null on a GPU.
+  const engine::PagePool* cpu_pool() const { return backend_->cpu_pool(); }
 
   // Graceful stop: refuse new requests (UNAVAILABLE), let running ones finish for up to `grace`,
   // cancel the rest, then stop the server. Idempotent; safe from any thread except a handler.
@@ -62,7 +69,8 @@ class DecodeWorker {
       const DecodeWorkerOptions& options);
   DecodeWorker() = default;
 
-  engine::LoadedModel owned_;
+  std::unique_ptr<engine::WorkerBackend> backend_;
+  std::unique_ptr<engine::KvLinkAcceptor> links_;  // destroyed after the server and engine
   std::unique_ptr<DecodeEngine> engine_;
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;

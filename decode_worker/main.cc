@@ -15,6 +15,7 @@
 #include "decode_worker/decode_worker.h"
 #include "engine/selection/selection_options.h"
 #include "rpc/credentials.h"
+#include "wire/backend_flags.h"
 #include "wire/selection_flags.h"
 #include "wire/worker_setup.h"
 
@@ -22,10 +23,10 @@ ABSL_FLAG(std::string, model, "", "model directory (config.json, *.safetensors, 
 ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy");
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int32_t, port, 50052, "port to listen on (0 picks one)");
-ABSL_FLAG(int64_t, kv_pages, 4096, "KV-cache pages");
-ABSL_FLAG(int64_t, page_size, 16, "token slots per KV page");
 ABSL_FLAG(int64_t, lease_timeout_ms, 30000,
           "free a reservation when no KV message arrives for this long");
+ABSL_FLAG(int64_t, kv_link_timeout_ms, 10000,
+          "device K/V links (nccl transport): longest wait for a chunk or a busy link");
 ABSL_FLAG(int64_t, max_running, 256, "requests admitted at once (running + waiting for KV)");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000, "on SIGTERM, time given to running requests");
 ABSL_FLAG(int32_t, metrics_port, 0, "Prometheus /metrics port (0: no metrics endpoint)");
@@ -39,7 +40,7 @@ ABSL_FLAG(bool, tls_require_client_cert, true,
 
 int main(int argc, char** argv) {
   auto args = tokenselect::common::ParseFlags(
-      argc, argv, "decode_worker --model DIR [--port N] [--kv_pages N] [--page_size N]");
+      argc, argv, "decode_worker --model DIR [--port N] [--device cpu|cuda --gpu N] [--kv_pages N] [--page_size N]");
   if (!args.ok()) {
     std::fprintf(stderr, "%s\n", std::string(args.status().message()).c_str());
     return 2;
@@ -59,8 +60,13 @@ int main(int argc, char** argv) {
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.load_format = absl::GetFlag(FLAGS_load_format);
   options.listen_address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
-  options.engine.kv_pages = absl::GetFlag(FLAGS_kv_pages);
-  options.engine.page_size = absl::GetFlag(FLAGS_page_size);
+  auto backend = tokenselect::wire::BackendOptionsFromFlags();
+  if (!backend.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(backend.status().message()).c_str());
+    return 2;
+  }
+  options.backend = *backend;
+  options.links.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_link_timeout_ms));
   options.engine.lease_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_lease_timeout_ms));
   options.engine.max_running = absl::GetFlag(FLAGS_max_running);
   options.engine.metrics = &tokenselect::common::metrics::TokenSelectMetrics::Default();

@@ -7,6 +7,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/status_convert.h"
 #include "wire/wire_service.h"
@@ -108,6 +110,36 @@ class GrpcKvTransport final : public engine::KvTransport {
 std::unique_ptr<engine::KvTransport> NewGrpcKvTransport(
     std::shared_ptr<grpc::ChannelCredentials> credentials) {
   return std::make_unique<GrpcKvTransport>(std::move(credentials));
+}
+
+absl::StatusOr<std::unique_ptr<engine::KvTransport>> NewNcclKvTransport(
+    engine::GenerationBackend* backend, engine::KvTransport* meta,
+    std::shared_ptr<grpc::ChannelCredentials> credentials, const engine::KvLinkOptions& options) {
+  const std::optional<engine::DeviceKvCache> cache = backend->device_cache();
+  if (!cache.has_value()) {
+    return absl::InvalidArgumentError("--transport nccl needs --device cuda");
+  }
+  if (!credentials) credentials = grpc::InsecureChannelCredentials();
+  const absl::Duration timeout = options.timeout;
+  // The decode worker joins through its ConnectKvLink RPC, on a channel of its own (the RPC
+  // blocks until this side has joined as well).
+  engine::KvLinkConnector connector = [credentials, timeout](
+                                          const std::string& destination,
+                                          const std::string& link_id,
+                                          const std::string& unique_id,
+                                          int64_t max_chunk_tokens) -> absl::Status {
+    auto stub = pb::DecodeWorker::NewStub(grpc::CreateChannel(destination, credentials));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(5)));
+    pb::ConnectKvLinkRequest request;
+    request.set_link_id(link_id);
+    request.set_nccl_unique_id(unique_id);
+    request.set_max_chunk_tokens(max_chunk_tokens);
+    pb::ConnectKvLinkResponse response;
+    return rpc::FromGrpcStatus(stub->ConnectKvLink(&ctx, request, &response));
+  };
+  return engine::NewNcclKvTransport(*cache, backend->max_chunk(), meta, std::move(connector),
+                                    options);
 }
 
 }  // namespace tokenselect::prefill_worker

@@ -6,6 +6,9 @@
 
 #include <memory>
 
+#include "absl/status/statusor.h"
+#include "engine/generation/backend.h"
+#include "engine/transfer/kv_links.h"
 #include "engine/transfer/kv_transport.h"
 #include "grpcpp/security/credentials.h"
 
@@ -14,6 +17,15 @@ namespace tokenselect::prefill_worker {
 // `credentials`: insecure when null.
 std::unique_ptr<engine::KvTransport> NewGrpcKvTransport(
     std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+
+// The NCCL transport (engine/transfer/kv_links.h) from `backend`'s GPU cache: links to decode
+// workers are set up through their DecodeWorker.ConnectKvLink RPC (with `credentials`, insecure
+// when null); `meta` (which must outlive the result) carries the metadata blocks and final
+// records. InvalidArgument naming --transport without a GPU backend; FailedPrecondition in builds
+// without NCCL.
+absl::StatusOr<std::unique_ptr<engine::KvTransport>> NewNcclKvTransport(
+    engine::GenerationBackend* backend, engine::KvTransport* meta,
+    std::shared_ptr<grpc::ChannelCredentials> credentials, const engine::KvLinkOptions& options);
 
 }  // namespace tokenselect::prefill_worker
 

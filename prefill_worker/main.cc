@@ -15,6 +15,7 @@
 #include "engine/selection/selection_options.h"
 #include "prefill_worker/prefill_worker.h"
 #include "rpc/credentials.h"
+#include "wire/backend_flags.h"
 #include "wire/selection_flags.h"
 #include "wire/worker_setup.h"
 
@@ -22,10 +23,13 @@ ABSL_FLAG(std::string, model, "", "model directory (config.json, *.safetensors, 
 ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy");
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int32_t, port, 50051, "port to listen on (0 picks one)");
-ABSL_FLAG(int64_t, kv_pages, 4096, "KV-cache pages");
-ABSL_FLAG(int64_t, page_size, 16, "token slots per KV page");
 ABSL_FLAG(int32_t, num_threads, 1, "prefills running at once");
 ABSL_FLAG(int64_t, max_queued, 64, "queued + running prefills; more is RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, transport, "host",
+          "host | nccl: how K/V reach the decode workers (nccl: GPU to GPU, needs --device cuda on "
+          "both workers)");
+ABSL_FLAG(int64_t, kv_link_timeout_ms, 10000,
+          "nccl transport: longest wait for a decode worker to join a link or for a chunk");
 ABSL_FLAG(int64_t, kv_block_bytes, 1 << 20, "payload bytes per PushKv message");
 ABSL_FLAG(bool, kv_checksum, false, "send an FNV-1a checksum with every KV block");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000, "on SIGTERM, time given to running requests");
@@ -46,7 +50,7 @@ ABSL_FLAG(std::string, kv_tls_server_name, "",
 
 int main(int argc, char** argv) {
   auto args = tokenselect::common::ParseFlags(
-      argc, argv, "prefill_worker --model DIR [--port N] [--kv_pages N] [--page_size N]");
+      argc, argv, "prefill_worker --model DIR [--port N] [--device cpu|cuda --gpu N] [--kv_pages N] [--page_size N]");
   if (!args.ok()) {
     std::fprintf(stderr, "%s\n", std::string(args.status().message()).c_str());
     return 2;
@@ -66,8 +70,14 @@ int main(int argc, char** argv) {
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.load_format = absl::GetFlag(FLAGS_load_format);
   options.listen_address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
-  options.engine.kv_pages = absl::GetFlag(FLAGS_kv_pages);
-  options.engine.page_size = absl::GetFlag(FLAGS_page_size);
+  auto backend = tokenselect::wire::BackendOptionsFromFlags();
+  if (!backend.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(backend.status().message()).c_str());
+    return 2;
+  }
+  options.backend = *backend;
+  options.transport_kind = absl::GetFlag(FLAGS_transport);
+  options.links.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_link_timeout_ms));
   options.engine.num_threads = absl::GetFlag(FLAGS_num_threads);
   options.engine.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.engine.kv.max_block_bytes = absl::GetFlag(FLAGS_kv_block_bytes);

@@ -25,7 +25,12 @@ class MeteredKvStream : public engine::KvStream {
       : inner_(std::move(inner)), children_(children) {}
 
   absl::Status SendBlock(engine::KvBlock block) override {
-    const double bytes = static_cast<double>(block.data.size());
+    // A block of a device link carries its bytes over the link: count them from its shape.
+    double bytes = static_cast<double>(block.data.size());
+    if (!block.link_id.empty()) {
+      bytes = static_cast<double>(engine::KvDTypeSize(block.dtype));
+      for (int64_t d : block.shape) bytes *= static_cast<double>(d);
+    }
     const common::Stopwatch clock;
     absl::Status status = inner_->SendBlock(std::move(block));
     children_->seconds->Observe(clock.ElapsedSeconds());

@@ -7,10 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "engine/kvcache/token_table.h"
 #include "engine/sampling/sampler.h"
-#include "engine/selection/selection_attention.h"
-#include "engine/transfer/selection_state.h"
 
 namespace tokenselect::prefill_worker {
 
@@ -21,7 +18,7 @@ struct PrefillJob {
 
   absl::Mutex mu;
   absl::Status cancel_status ABSL_GUARDED_BY(mu);
-  engine::PipelinedKvSender* sender ABSL_GUARDED_BY(mu) = nullptr;
+  engine::KvChunkSender* sender ABSL_GUARDED_BY(mu) = nullptr;
   std::optional<absl::StatusOr<PrefillResult>> result ABSL_GUARDED_BY(mu);
 
   // Marks the job aborted and breaks its transfer; the job's thread notices between chunks.
@@ -46,18 +43,18 @@ std::optional<absl::StatusOr<PrefillResult>> PrefillHandle::Wait(absl::Duration 
 }
 
 absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(
-    const engine::Model* model, engine::KvTransport* transport, const PrefillEngineOptions& opts) {
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::PagePool> pool,
-                   engine::PagePool::Create(model->KvCacheOptions(opts.kv_pages, opts.page_size)));
-  return std::unique_ptr<PrefillEngine>(new PrefillEngine(model, transport, std::move(pool), opts));
+    engine::GenerationBackend* backend, engine::KvTransport* transport,
+    const PrefillEngineOptions& opts) {
+  if (backend == nullptr || transport == nullptr) {
+    return absl::InvalidArgumentError("PrefillEngine needs a backend and a KV transport");
+  }
+  return std::unique_ptr<PrefillEngine>(new PrefillEngine(backend, transport, opts));
 }
 
-PrefillEngine::PrefillEngine(const engine::Model* model, engine::KvTransport* transport,
-                             std::unique_ptr<engine::PagePool> pool,
+PrefillEngine::PrefillEngine(engine::GenerationBackend* backend, engine::KvTransport* transport,
                              const PrefillEngineOptions& opts)
-    : model_(model),
+    : backend_(backend),
       transport_(transport),
-      pool_(std::move(pool)),
       options_(opts),
       clock_(opts.clock != nullptr ? opts.clock : common::Clock::Real()) {
   if (opts.metrics != nullptr) {
@@ -73,7 +70,7 @@ PrefillEngine::PrefillEngine(const engine::Model* model, engine::KvTransport* tr
 PrefillEngine::~PrefillEngine() { Shutdown(absl::ZeroDuration()); }
 
 absl::StatusOr<PrefillHandle> PrefillEngine::Submit(PrefillSpec spec) {
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = backend_->config().vocab_size;
   if (spec.request_id.empty()) {
     return absl::InvalidArgumentError("request.request_id must not be empty");
   }
@@ -88,6 +85,12 @@ absl::StatusOr<PrefillHandle> PrefillEngine::Submit(PrefillSpec spec) {
   }
   RETURN_IF_ERROR(engine::Validate(spec.sampling, static_cast<int>(vocab)));
   RETURN_IF_ERROR(engine::ValidateSelectionOptions(spec.selection));
+  if (spec.selection.chunk_size > backend_->max_chunk()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("selection.chunk_size ", spec.selection.chunk_size,
+                     " exceeds this prefill worker's largest step of ", backend_->max_chunk(),
+                     " tokens"));
+  }
   if (spec.decode_address.empty()) {
     return absl::InvalidArgumentError("decode_worker_address must not be empty");
   }
@@ -99,11 +102,12 @@ absl::StatusOr<PrefillHandle> PrefillEngine::Submit(PrefillSpec spec) {
         absl::StrCat("reservation.prompt_tokens is ", spec.reserved_prompt_tokens,
                      " but the prompt has ", spec.prompt.size(), " tokens"));
   }
-  RETURN_IF_ERROR(engine::CheckLayoutsMatch(engine::LayoutOf(*pool_), spec.receiver_layout));
-  if (static_cast<int64_t>(spec.prompt.size()) > pool_->num_slots()) {
+  RETURN_IF_ERROR(engine::CheckLayoutsMatch(backend_->kv_layout(), spec.receiver_layout));
+  const int64_t slots = backend_->kv_capacity().num_slots();
+  if (static_cast<int64_t>(spec.prompt.size()) > slots) {
     return absl::InvalidArgumentError(absl::StrCat("prompt too long: ", spec.prompt.size(),
-                                                   " tokens exceed this prefill worker's ",
-                                                   pool_->num_slots(), " KV slots"));
+                                                   " tokens exceed this prefill worker's ", slots,
+                                                   " KV slots"));
   }
   auto job = std::make_shared<PrefillJob>();
   job->spec = std::move(spec);
@@ -150,7 +154,6 @@ void PrefillEngine::Complete(const std::shared_ptr<PrefillJob>& job,
 }
 
 void PrefillEngine::WorkerThread() {
-  engine::ForwardWorkspace workspace;
   while (true) {
     std::shared_ptr<PrefillJob> job;
     {
@@ -164,7 +167,7 @@ void PrefillEngine::WorkerThread() {
       ++running_;
       PublishLoad();
     }
-    absl::StatusOr<PrefillResult> result = Run(job.get(), &workspace);
+    absl::StatusOr<PrefillResult> result = Run(job.get());
     if (!result.ok() && job->cancelled) result = job->CancelStatus();
     if (!result.ok()) {
       TS_LOG(INFO, "prefill {} failed: {}", job->spec.request_id, result.status().ToString());
@@ -176,7 +179,7 @@ void PrefillEngine::WorkerThread() {
   }
 }
 
-absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::ForwardWorkspace* ws) {
+absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job) {
   const PrefillSpec& spec = job->spec;
   PrefillResult result;
   result.queue_seconds = job->since_submit.ElapsedSeconds();
@@ -193,24 +196,24 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::Forwar
   const common::Stopwatch compute;
 
   // Pages first, then the stream: a worker without room fails before touching the receiver.
-  engine::TokenTable table(pool_.get(), spec.request_id);
-  RETURN_IF_ERROR(table.Reserve(result.prompt_tokens));
+  // The runner (declared before the sender) outlives it: the sender reads the runner's K/V.
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::SequenceRunner> runner,
+                   backend_->Start(result.prompt_tokens, spec.selection));
   if (metrics_ != nullptr) {
     absl::MutexLock lock(&mu_);
     PublishLoad();  // the pages just reserved
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::SelectionAttention> attention,
-                   engine::SelectionAttention::Create(spec.selection, model_->config().num_layers));
   ASSIGN_OR_RETURN(
       engine::Sampler sampler,
-      engine::Sampler::Create(spec.sampling, static_cast<int>(model_->config().vocab_size)));
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::KvStream> stream,
-                   transport_->Open({spec.request_id, spec.reservation_id, spec.decode_address}));
-  engine::PipelinedKvSender sender(std::move(stream), pool_.get(), options_.kv);
+      engine::Sampler::Create(spec.sampling, static_cast<int>(backend_->config().vocab_size)));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::KvChunkSender> sender,
+      transport_->OpenSender({spec.request_id, spec.reservation_id, spec.decode_address},
+                             runner->kv(), options_.kv));
   {
     absl::MutexLock lock(&job->mu);
     if (job->cancelled) return job->cancel_status;
-    job->sender = &sender;
+    job->sender = sender.get();
   }
   struct Detach {
     PrefillJob* job;
@@ -221,9 +224,6 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::Forwar
   } detach{job};
 
   std::vector<float> logits;
-  engine::ForwardRequest request;
-  request.table = &table;
-  request.attention = attention.get();
   const int64_t n = result.prompt_tokens;
   const common::Stopwatch transfer;
   common::metrics::Histogram* selection_seconds =
@@ -231,14 +231,13 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::Forwar
   for (int64_t begin = 0; begin < n; begin += spec.selection.chunk_size) {
     RETURN_IF_ERROR(check_alive());
     const int64_t end = std::min(n, begin + spec.selection.chunk_size);
-    request.tokens = absl::MakeConstSpan(spec.prompt).subspan(begin, end - begin);
-    request.logits = end == n ? engine::LogitsRows::kLast : engine::LogitsRows::kNone;
     const common::Stopwatch chunk;
-    const engine::SelectionStats before = attention->stats();
-    RETURN_IF_ERROR(model_->Forward(request, ws, &logits));
+    const engine::SelectionStats before = runner->selection_stats();
+    RETURN_IF_ERROR(runner->Forward(absl::MakeConstSpan(spec.prompt).subspan(begin, end - begin),
+                                    end == n ? &logits : nullptr));
     if (metrics_ != nullptr) {
       metrics_->chunk_seconds().Observe(chunk.ElapsedSeconds());
-      const engine::SelectionStats& after = attention->stats();
+      const engine::SelectionStats after = runner->selection_stats();
       const int64_t layer_steps = after.layer_steps - before.layer_steps;
       if (layer_steps > 0) {
         selection_seconds->Observe((after.selection_seconds - before.selection_seconds) /
@@ -246,7 +245,7 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::Forwar
       }
     }
     // This chunk's K/V (all layers) goes out while the next chunk is computed.
-    RETURN_IF_ERROR(sender.SendChunk(table, begin, end));
+    RETURN_IF_ERROR(sender->SendChunk(begin, end));
   }
   ASSIGN_OR_RETURN(engine::SampleResult first, sampler.Sample(logits, spec.prompt, {}));
   result.prefill_seconds = compute.ElapsedSeconds();
@@ -262,13 +261,13 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(PrefillJob* job, engine::Forwar
   final.prefill_seconds = result.prefill_seconds;
   // Last in the stream, after every block: the state a stateful policy built over the prompt
   // (nothing for stateless ones), so the decode worker's selection continues from it.
-  final.selection_states = engine::CollectSelectionStates(*attention, model_->config().num_layers);
+  final.selection_states = runner->CollectSelectionStates();
   RETURN_IF_ERROR(check_alive());
-  ASSIGN_OR_RETURN(engine::KvPushStats pushed, sender.Finish(std::move(final)));
+  ASSIGN_OR_RETURN(engine::KvPushStats pushed, sender->Finish(std::move(final)));
   (void)pushed;
   result.transfer_seconds = transfer.ElapsedSeconds();
-  result.kv_bytes = sender.bytes_sent();
-  result.kv_chunks = sender.blocks_sent();
+  result.kv_bytes = sender->bytes_sent();
+  result.kv_chunks = sender->blocks_sent();
   return result;
 }
 
@@ -297,9 +296,9 @@ void PrefillEngine::Shutdown(absl::Duration grace) {
 
 void PrefillEngine::PublishLoad() {
   if (metrics_ == nullptr) return;
-  const int64_t total = pool_->num_pages();
+  const engine::KvCapacity kv = backend_->kv_capacity();
   metrics_->load().Set(running_, static_cast<int64_t>(queue_.size()),
-                       total - pool_->num_free_pages(), total);
+                       kv.total_pages - kv.free_pages, kv.total_pages);
 }
 
 PrefillLoad PrefillEngine::Load() const {
@@ -308,9 +307,10 @@ PrefillLoad PrefillEngine::Load() const {
   load.queued_prefill_tokens = queued_tokens_;
   load.running = running_;
   load.waiting = static_cast<int64_t>(queue_.size());
-  load.free_pages = pool_->num_free_pages();
-  load.total_pages = pool_->num_pages();
-  load.page_size = pool_->page_size();
+  const engine::KvCapacity kv = backend_->kv_capacity();
+  load.free_pages = kv.free_pages;
+  load.total_pages = kv.total_pages;
+  load.page_size = kv.page_size;
   load.draining = draining_;
   return load;
 }

@@ -1,9 +1,10 @@
 // The prefill worker's engine, without gRPC (prefill_service.cc translates): a FIFO queue of
 // prefill jobs run by `num_threads` threads (one job at a time each). A job is the request's
-// chunked prefill (selection.chunk_size tokens per forward pass, through the request's own
-// SelectionAttention, so non-dense policies select with the chunk's mean query), with each
-// finished chunk's K/V handed to a PipelinedKvSender that pushes it to the decode worker while the
-// next chunk is computed; then the first token is sampled (the request's seed, or one picked here
+// chunked prefill on the worker's GenerationBackend (CPU or GPU, engine/generation/backend.h):
+// selection.chunk_size tokens per forward pass, through the request's own selection provider, so
+// non-dense policies select with the chunk's mean query, with each finished chunk's K/V handed to
+// the transport's KvChunkSender (host: PipelinedKvSender; GPU to GPU: the NCCL sender), which
+// pushes it to the decode worker while the next chunk is computed; then the first token is sampled (the request's seed, or one picked here
 // and sent along in KvFinal) and the stream is finished with it and the selection policy's
 // per-layer state (engine/transfer/selection_state.h). docs/DESIGN.md section 2 step 3.
 //
@@ -28,8 +29,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics/tokenselect_metrics.h"
-#include "engine/kvcache/page_pool.h"
-#include "engine/model/model.h"
+#include "engine/generation/backend.h"
 #include "engine/sampling/sampling_params.h"
 #include "engine/selection/selection_options.h"
 #include "engine/transfer/kv_format.h"
@@ -39,8 +39,6 @@
 namespace tokenselect::prefill_worker {
 
 struct PrefillEngineOptions {
-  int64_t kv_pages = 4096;
-  int64_t page_size = 16;
   int num_threads = 1;             // prefills running at once
   int64_t max_queued = 64;         // queued + running jobs; more is ResourceExhausted
   engine::KvSenderOptions kv;      // block size, checksum, pipeline depth
@@ -101,14 +99,15 @@ struct PrefillLoad {
 
 class PrefillEngine {
  public:
-  // `model` and `transport` must outlive the engine.
-  static absl::StatusOr<std::unique_ptr<PrefillEngine>> Create(const engine::Model* model,
+  // `backend` (the model and its KV pool) and `transport` must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<PrefillEngine>> Create(engine::GenerationBackend* backend,
                                                                engine::KvTransport* transport,
                                                                const PrefillEngineOptions& opts);
   ~PrefillEngine();  // Shutdown(0)
 
   // Validates and queues. InvalidArgument naming the field (request_id, prompt_token_ids,
-  // sampling.*, selection.*, reservation.*); FailedPrecondition when the receiver's KV layout
+  // sampling.*, selection.* - chunk_size also above the backend's max_chunk - reservation.*);
+  // FailedPrecondition when the receiver's KV layout
   // differs from this model's; AlreadyExists for a request id in use; ResourceExhausted when the
   // queue is full; Unavailable while draining. The job's own errors come from Wait:
   // ResourceExhausted (no pages), the transport's (Unavailable, the receiver's verdict),
@@ -122,20 +121,19 @@ class PrefillEngine {
   void Shutdown(absl::Duration grace);
 
   PrefillLoad Load() const;
-  const engine::PagePool& pool() const { return *pool_; }
+  engine::KvCapacity kv_capacity() const { return backend_->kv_capacity(); }
 
  private:
-  PrefillEngine(const engine::Model* model, engine::KvTransport* transport,
-                std::unique_ptr<engine::PagePool> pool, const PrefillEngineOptions& opts);
+  PrefillEngine(engine::GenerationBackend* backend, engine::KvTransport* transport,
+                const PrefillEngineOptions& opts);
   void WorkerThread();
-  absl::StatusOr<PrefillResult> Run(PrefillJob* job, engine::ForwardWorkspace* ws);
+  absl::StatusOr<PrefillResult> Run(PrefillJob* job);
   void Complete(const std::shared_ptr<PrefillJob>& job, absl::StatusOr<PrefillResult> result);
   // Publishes the load gauges (no-op without metrics).
   void PublishLoad() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const engine::Model* model_;
+  engine::GenerationBackend* backend_;
   engine::KvTransport* transport_;
-  std::unique_ptr<engine::PagePool> pool_;
   const PrefillEngineOptions options_;
   common::Clock* clock_;
   std::unique_ptr<PrefillMetrics> metrics_;  // null without options.metrics

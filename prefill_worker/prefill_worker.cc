@@ -22,24 +22,42 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> StartPrefillWorker(
     const PrefillWorkerOptions& options) {
   std::unique_ptr<PrefillWorker> w(new PrefillWorker());
   w->worker_id_ = common::NewId("prefill");
-  const engine::Model* model = options.model;
-  if (model == nullptr) {
+  if (options.transport_kind != "host" && options.transport_kind != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat("--transport must be host or nccl, got '",
+                                                   options.transport_kind, "'"));
+  }
+  if (options.model != nullptr) {
+    ASSIGN_OR_RETURN(w->backend_, engine::CpuWorkerBackend(options.model, options.tokenizer,
+                                                           options.backend));
+  } else {
     ASSIGN_OR_RETURN(engine::LoadFormat format, engine::ParseLoadFormat(options.load_format));
-    ASSIGN_OR_RETURN(w->owned_, engine::LoadModelDirectory(options.model_dir, format));
-    model = w->owned_.model.get();
+    ASSIGN_OR_RETURN(w->backend_,
+                     engine::LoadWorkerBackend(options.model_dir, format, options.backend));
   }
   engine::KvTransport* transport = options.transport;
+  absl::string_view transport_label = common::metrics::kTransportHost;
   if (transport == nullptr) {
-    w->owned_transport_ = NewGrpcKvTransport(options.kv_channel_credentials);
-    transport = w->owned_transport_.get();
+    w->host_transport_ = NewGrpcKvTransport(options.kv_channel_credentials);
+    transport = w->host_transport_.get();
+    if (options.transport_kind == "nccl") {
+      transport_label = common::metrics::kTransportNccl;
+    }
   }
   if (options.engine.metrics != nullptr) {
-    // Every transport this worker has moves K/V through host memory today (docs/metrics.md).
+    // For NCCL the metered stream carries the metadata blocks (their bytes counted from the
+    // shape: they travel over the link).
     w->metered_transport_ =
-        NewMeteredKvTransport(transport, *options.engine.metrics, common::metrics::kTransportHost);
+        NewMeteredKvTransport(transport, *options.engine.metrics, transport_label);
     transport = w->metered_transport_.get();
   }
-  ASSIGN_OR_RETURN(w->engine_, PrefillEngine::Create(model, transport, options.engine));
+  if (options.transport == nullptr && options.transport_kind == "nccl") {
+    ASSIGN_OR_RETURN(w->owned_transport_,
+                     NewNcclKvTransport(w->backend_->backend(), transport,
+                                        options.kv_channel_credentials, options.links));
+    transport = w->owned_transport_.get();
+  }
+  ASSIGN_OR_RETURN(w->engine_,
+                   PrefillEngine::Create(w->backend_->backend(), transport, options.engine));
   w->service_ = NewPrefillService(w->engine_.get(),
                                   PrefillServiceOptions{options.default_selection, w->worker_id_});
 
@@ -57,8 +75,8 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> StartPrefillWorker(
         absl::StrCat("prefill worker: cannot listen on ", options.listen_address));
   }
   w->address_ = rpc::DialTarget(options.listen_address, w->port_);
-  TS_LOG(INFO, "prefill worker {} listening on {} ({} KV pages of {} tokens)", w->worker_id_,
-         w->address_, options.engine.kv_pages, options.engine.page_size);
+  TS_LOG(INFO, "prefill worker {} listening on {} ({}; KV transport {})", w->worker_id_,
+         w->address_, w->backend_->Describe(), options.transport_kind);
   return w;
 }
 

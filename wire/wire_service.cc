@@ -103,6 +103,7 @@ engine::KvBlock ToEngine(v1::KvChunk* c) {
   b.shape.assign(c->shape().begin(), c->shape().end());
   if (c->has_checksum()) b.checksum = c->checksum();
   b.data.swap(*c->mutable_data());
+  b.link_id = c->link_id();
   return b;
 }
 
@@ -142,6 +143,7 @@ void ToWire(engine::KvBlock b, v1::KvChunk* out) {
   for (int64_t d : b.shape) out->add_shape(d);
   if (b.checksum.has_value()) out->set_checksum(*b.checksum);
   out->set_data(std::move(b.data));
+  if (!b.link_id.empty()) out->set_link_id(std::move(b.link_id));
 }
 
 void ToWire(const engine::KvFinal& f, v1::KvFinal* out) {

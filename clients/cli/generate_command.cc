@@ -60,8 +60,8 @@ ABSL_FLAG(double, theta, 0.9,
 ABSL_FLAG(int64_t, chunk_size, 512, "generate: prompt tokens per prefill step (chunked prefill).");
 ABSL_FLAG(int64_t, page_size, 16, "generate: KV cache page size in tokens.");
 ABSL_FLAG(std::string, device, "cpu",
-          "generate: cpu, or cuda (GPU 0, bf16; CUDA builds only; policies tokenselect, topk, "
-          "quest, dense, streaming).");
+          "generate, serve --all-in-one: cpu, or cuda (bf16; CUDA builds only; policies "
+          "tokenselect, topk, quest, dense, streaming).");
 ABSL_FLAG(int64_t, max_context, 131072,
           "generate: with --device cuda, the KV capacity in tokens (prompt + new tokens).");
 

@@ -26,6 +26,7 @@
 #include "decode_worker/decode_worker.h"
 #include "engine/generation/demo_checkpoint.h"
 #include "engine/generation/model_loader.h"
+#include "engine/generation/worker_backend.h"
 #include "prefill_worker/prefill_worker.h"
 #include "router/router_server.h"
 #include "rpc/credentials.h"
@@ -34,7 +35,10 @@ ABSL_FLAG(bool, all_in_one, false,
           "serve: run the router and one prefill and one decode worker in this process.");
 ABSL_FLAG(std::string, host, "0.0.0.0", "serve: address the router listens on.");
 ABSL_FLAG(int32_t, port, 50051, "serve: router port (0 picks a free one).");
-ABSL_FLAG(int64_t, kv_pages, 4096, "serve: KV-cache pages of the decode worker.");
+ABSL_FLAG(int64_t, kv_pages, 4096,
+          "serve: KV-cache pages of each worker (--device cuda: 0 plans them from the GPU's "
+          "memory, half of it per worker).");
+ABSL_FLAG(int32_t, gpu, 0, "serve: with --device cuda, the CUDA device both workers use.");
 ABSL_FLAG(int64_t, max_prompt_tokens, 0,
           "serve: longest accepted prompt in tokens (0: config.json max_position_embeddings).");
 ABSL_FLAG(std::string, api_keys_file, "", "serve: API keys file (one per line); empty: none.");
@@ -49,6 +53,7 @@ ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "serve: address the /metrics end
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, load_format);
 ABSL_DECLARE_FLAG(int64_t, page_size);
+ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, tls_cert);
 ABSL_DECLARE_FLAG(std::string, tls_key);
 ABSL_DECLARE_FLAG(std::string, tls_ca);
@@ -93,7 +98,18 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   ASSIGN_OR_RETURN(const std::string model_dir, ModelDir());
   ASSIGN_OR_RETURN(engine::LoadFormat format,
                    engine::ParseLoadFormat(absl::GetFlag(FLAGS_load_format)));
-  ASSIGN_OR_RETURN(engine::LoadedModel loaded, engine::LoadModelDirectory(model_dir, format));
+  // The CPU shares one model between the two workers; on a GPU each worker loads its own copy
+  // (one CudaModel per worker, half of the GPU's memory each unless --kv_pages says otherwise).
+  engine::WorkerBackendOptions backend;
+  backend.device = absl::GetFlag(FLAGS_device);
+  backend.gpu = absl::GetFlag(FLAGS_gpu);
+  backend.kv_pages = absl::GetFlag(FLAGS_kv_pages);
+  backend.page_size = absl::GetFlag(FLAGS_page_size);
+  RETURN_IF_ERROR(engine::ValidateWorkerBackendOptions(backend));
+  engine::LoadedModel loaded;
+  if (backend.device == "cpu") {
+    ASSIGN_OR_RETURN(loaded, engine::LoadModelDirectory(model_dir, format));
+  }
 
   // Block the stop signals before any server thread starts; this thread waits for them.
   sigset_t signals;
@@ -105,9 +121,11 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   decode_worker::DecodeWorkerOptions decode_options;
   decode_options.model = loaded.model.get();
   decode_options.tokenizer = loaded.tokenizer.get();
+  decode_options.model_dir = model_dir;
+  decode_options.load_format = absl::GetFlag(FLAGS_load_format);
+  decode_options.backend = backend;
+  decode_options.backend.gpu_memory_fraction = 0.45;
   decode_options.listen_address = "127.0.0.1:0";
-  decode_options.engine.kv_pages = absl::GetFlag(FLAGS_kv_pages);
-  decode_options.engine.page_size = absl::GetFlag(FLAGS_page_size);
   const common::metrics::TokenSelectMetrics& metrics =
       common::metrics::TokenSelectMetrics::Default();
   decode_options.engine.metrics = &metrics;
@@ -117,6 +135,11 @@ absl::Status RunServe(const std::vector<std::string>& args) {
 
   prefill_worker::PrefillWorkerOptions prefill_options;
   prefill_options.model = loaded.model.get();
+  prefill_options.tokenizer = loaded.tokenizer.get();
+  prefill_options.model_dir = model_dir;
+  prefill_options.load_format = absl::GetFlag(FLAGS_load_format);
+  prefill_options.backend = backend;
+  prefill_options.backend.gpu_memory_fraction = 0.9;  // of the whole GPU: the rest of it
   prefill_options.listen_address = "127.0.0.1:0";
   prefill_options.engine.metrics = &metrics;
   ASSIGN_OR_RETURN(std::unique_ptr<prefill_worker::PrefillWorker> prefill,

@@ -59,6 +59,9 @@ struct KvBlock {
   std::vector<int64_t> shape;
   std::optional<uint64_t> checksum;
   std::string data;
+  // Set when the payload travels over a device-to-device link of that id (the NCCL transport):
+  // `data` is empty then and the receiver's KvSideChannel delivers the bytes.
+  std::string link_id;
 };
 
 // The end of a stream: the first sampled token, the seed that sampled it and the selection

@@ -1,7 +1,6 @@
 #include "engine/transfer/kv_receiver.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,13 +10,13 @@
 
 namespace tokenselect::engine {
 
-KvReceiver::KvReceiver(std::string request_id, std::string reservation_id, TokenTable* table,
+KvReceiver::KvReceiver(std::string request_id, std::string reservation_id, KvStore* store,
                        int64_t prompt_tokens)
     : request_id_(std::move(request_id)),
       reservation_id_(std::move(reservation_id)),
-      table_(table),
+      store_(store),
       prompt_tokens_(prompt_tokens),
-      layout_(LayoutOf(*table->pool())),
+      layout_(store->layout()),
       next_token_(static_cast<size_t>(layout_.num_layers), 0) {}
 
 int64_t KvReceiver::tokens_complete() const {
@@ -38,7 +37,7 @@ absl::Status KvReceiver::CheckIds(absl::string_view request_id,
   return absl::OkStatus();
 }
 
-absl::Status KvReceiver::Validate(const KvBlock& b) const {
+absl::Status KvReceiver::Validate(const KvBlock& b, const KvSideChannel* side) const {
   if (b.sequence != next_sequence_) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk.sequence is ", b.sequence, ", expected ", next_sequence_));
@@ -72,9 +71,20 @@ absl::Status KvReceiver::Validate(const KvBlock& b) const {
                                                    "], expected [", absl::StrJoin(want, ", "),
                                                    "]"));
   }
+  if (!b.link_id.empty()) {
+    // The payload travels over the named link: nothing in the message itself.
+    if (side == nullptr || side->id() != b.link_id) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk.link_id '", b.link_id,
+                                                     "' is not a link of this stream"));
+    }
+    if (!b.data.empty() || b.checksum.has_value()) {
+      return absl::InvalidArgumentError(
+          "chunk.data and chunk.checksum must be empty when chunk.link_id is set");
+    }
+  }
   const int64_t bytes =
       KvBlockBytes(layout_, {b.layer_begin, b.layer_end, b.token_begin, b.token_end});
-  if (static_cast<int64_t>(b.data.size()) != bytes) {
+  if (b.link_id.empty() && static_cast<int64_t>(b.data.size()) != bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk.data has ", b.data.size(), " bytes, expected ", bytes));
   }
@@ -82,50 +92,45 @@ absl::Status KvReceiver::Validate(const KvBlock& b) const {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk.checksum mismatch in chunk ", b.sequence));
   }
-  if (b.token_end > table_->capacity()) {
+  if (b.token_end > store_->capacity()) {
     return absl::InvalidArgumentError(absl::StrCat("chunk token range ends at ", b.token_end,
-                                                   " beyond the reserved ", table_->capacity(),
+                                                   " beyond the reserved ", store_->capacity(),
                                                    " slots"));
   }
   return absl::OkStatus();
 }
 
 absl::Status KvReceiver::Accept(absl::string_view request_id, absl::string_view reservation_id,
-                                const KvBlock& block) {
+                                const KvBlock& block, KvSideChannel* side) {
   if (finished_) return absl::FailedPreconditionError("KV stream already finished");
   if (failed_) return absl::FailedPreconditionError("KV stream already failed");
   absl::Status status = CheckIds(request_id, reservation_id);
-  if (status.ok()) status = Validate(block);
+  if (status.ok()) status = Validate(block, side);
+  if (status.ok()) {
+    const KvBlockRange range{block.layer_begin, block.layer_end, block.token_begin,
+                             block.token_end};
+    status = block.link_id.empty() ? store_->Write(block) : side->Receive(range, store_);
+  }
   if (!status.ok()) {
     failed_ = true;
     return status;
   }
-  PagePool* pool = table_->pool();
-  const int64_t stride = pool->slot_stride();
-  const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float);
-  const int64_t n = block.token_end - block.token_begin;
-  std::vector<int32_t> slots = table_->Slots(block.token_begin, block.token_end);
-  const char* in = block.data.data();
   for (int32_t l = block.layer_begin; l < block.layer_end; ++l) {
-    for (float* dst : {pool->k(l), pool->v(l)}) {
-      for (int64_t i = 0; i < n; ++i) {
-        std::memcpy(dst + static_cast<int64_t>(slots[static_cast<size_t>(i)]) * stride, in,
-                    row_bytes);
-        in += row_bytes;
-      }
-    }
     next_token_[static_cast<size_t>(l)] = block.token_end;
   }
   ++next_sequence_;
-  bytes_received_ += static_cast<int64_t>(block.data.size());
+  bytes_received_ +=
+      KvBlockBytes(layout_, {block.layer_begin, block.layer_end, block.token_begin,
+                             block.token_end});
   return absl::OkStatus();
 }
 
 absl::Status KvReceiver::Finish(absl::string_view request_id, absl::string_view reservation_id,
-                                const KvFinal& final) {
+                                const KvFinal& final, KvSideChannel* side) {
   if (finished_) return absl::FailedPreconditionError("KV stream already finished");
   if (failed_) return absl::FailedPreconditionError("KV stream already failed");
   absl::Status status = CheckIds(request_id, reservation_id);
+  if (status.ok() && side != nullptr) status = side->Flush();
   if (status.ok() && final.num_chunks != next_sequence_) {
     status = absl::InvalidArgumentError(
         absl::StrCat("final.num_chunks is ", final.num_chunks, ", received ", next_sequence_));
@@ -158,8 +163,10 @@ absl::Status KvReceiver::Finish(absl::string_view request_id, absl::string_view 
     failed_ = true;
     return status;
   }
-  ASSIGN_OR_RETURN(int64_t first, table_->Append(prompt_tokens_));
-  (void)first;
+  if (absl::Status committed = store_->Commit(prompt_tokens_); !committed.ok()) {
+    failed_ = true;
+    return committed;
+  }
   selection_states_ = std::move(states);
   finished_ = true;
   return absl::OkStatus();

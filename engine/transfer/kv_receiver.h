@@ -1,8 +1,10 @@
 // The receiving end of one request's K/V stream on the decode worker: validates every block
 // against the reservation (ids, layer and token ranges, dtype, shape, payload size, checksum,
-// ordering) and writes it into the request's reserved slots; Finish checks that every
-// (layer, token) of the prompt arrived exactly once and decodes the selection state carried by
-// the final record (docs/kv_transfer.md).
+// ordering) and writes it into the request's reserved slots (a KvStore, kv_store.h); Finish checks
+// that every (layer, token) of the prompt arrived exactly once and decodes the selection state
+// carried by the final record (docs/kv_transfer.md). A block that names a link (KvBlock::link_id,
+// the NCCL transport) carries no payload: it is validated the same way and its bytes come through
+// the stream's KvSideChannel.
 //
 // Ordering rule: for every layer, blocks cover its tokens in increasing, contiguous order (the
 // sender's PlanKvBlocks order); sequence numbers are consecutive from 0. Anything else is
@@ -19,33 +21,36 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "engine/kvcache/token_table.h"
 #include "engine/selection/layer_state.h"
 #include "engine/transfer/kv_format.h"
+#include "engine/transfer/kv_store.h"
 
 namespace tokenselect::engine {
 
 class KvReceiver {
  public:
-  // `table` (the reservation's pages, capacity >= prompt_tokens, length 0) must outlive the
-  // receiver; its pool gives the expected layout.
-  KvReceiver(std::string request_id, std::string reservation_id, TokenTable* table,
+  // `store` (the reservation, capacity >= prompt_tokens, length 0) must outlive the receiver;
+  // it gives the expected layout.
+  KvReceiver(std::string request_id, std::string reservation_id, KvStore* store,
              int64_t prompt_tokens);
 
-  // Validates `block` (quoted with the ids of its message) and copies it into the table's slots.
+  // Validates `block` (quoted with the ids of its message) and copies it into the store's slots,
+  // or, for a block with a link_id, has `side` (which must be that link) receive its bytes.
   // InvalidArgument naming the bad field (request_id, reservation_id, sequence, layer range,
-  // token range, dtype, shape, data size, checksum); FailedPrecondition after Finish or a
-  // previous error. On error nothing of this block is written.
+  // token range, dtype, shape, data size, checksum, link_id); FailedPrecondition after Finish or
+  // a previous error. On error nothing of this block is written; the side channel's own errors
+  // are returned as they are.
   absl::Status Accept(absl::string_view request_id, absl::string_view reservation_id,
-                      const KvBlock& block);
+                      const KvBlock& block, KvSideChannel* side = nullptr);
 
   // Checks the final record: ids, num_chunks equal to the blocks accepted, every layer complete,
   // first_token_id, and selection_states (0 or num_layers entries, each a valid layer state
-  // within the prompt: selection_state.h DecodeSelectionStates). On success the table's length
-  // becomes prompt_tokens and the decoded states wait in TakeSelectionStates. InvalidArgument
-  // naming the field otherwise (the receiver stays failed).
+  // within the prompt: selection_state.h DecodeSelectionStates). With `side`, first waits until
+  // its blocks have landed. On success the store's length becomes prompt_tokens and the decoded
+  // states wait in TakeSelectionStates. InvalidArgument naming the field otherwise (the
+  // receiver stays failed).
   absl::Status Finish(absl::string_view request_id, absl::string_view reservation_id,
-                      const KvFinal& final);
+                      const KvFinal& final, KvSideChannel* side = nullptr);
 
   // After a successful Finish: the per-layer selection states of the final record (empty when
   // it carried none), moved out; a second call returns an empty vector.
@@ -59,11 +64,11 @@ class KvReceiver {
 
  private:
   absl::Status CheckIds(absl::string_view request_id, absl::string_view reservation_id) const;
-  absl::Status Validate(const KvBlock& block) const;
+  absl::Status Validate(const KvBlock& block, const KvSideChannel* side) const;
 
   std::string request_id_;
   std::string reservation_id_;
-  TokenTable* table_;
+  KvStore* store_;
   int64_t prompt_tokens_;
   KvLayout layout_;
   std::vector<int64_t> next_token_;  // per layer: tokens [0, next) received

@@ -7,9 +7,16 @@
 
 namespace tokenselect::engine {
 
-PipelinedKvSender::PipelinedKvSender(std::unique_ptr<KvStream> stream, const PagePool* pool,
+absl::StatusOr<std::unique_ptr<KvChunkSender>> KvTransport::OpenSender(
+    const KvStreamTarget& target, KvStore* store, const KvSenderOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<KvStream> stream, Open(target));
+  return std::unique_ptr<KvChunkSender>(
+      std::make_unique<PipelinedKvSender>(std::move(stream), store, options));
+}
+
+PipelinedKvSender::PipelinedKvSender(std::unique_ptr<KvStream> stream, KvStore* store,
                                      const KvSenderOptions& options)
-    : stream_(std::move(stream)), pool_(pool), options_(options), layout_(LayoutOf(*pool)) {
+    : stream_(std::move(stream)), store_(store), options_(options), layout_(store->layout()) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -27,14 +34,13 @@ PipelinedKvSender::~PipelinedKvSender() {
   thread_.join();
 }
 
-absl::Status PipelinedKvSender::SendChunk(const TokenTable& table, int64_t token_begin,
-                                          int64_t token_end) {
-  if (token_begin < 0 || token_end <= token_begin || token_end > table.capacity()) {
+absl::Status PipelinedKvSender::SendChunk(int64_t token_begin, int64_t token_end) {
+  if (token_begin < 0 || token_end <= token_begin || token_end > store_->capacity()) {
     return absl::InvalidArgumentError(absl::StrCat("chunk [", token_begin, ", ", token_end,
-                                                   ") outside the table's ", table.capacity(),
+                                                   ") outside the store's ", store_->capacity(),
                                                    " slots"));
   }
-  Chunk chunk{token_begin, token_end, table.Slots(token_begin, token_end)};
+  Chunk chunk{token_begin, token_end};
   absl::MutexLock lock(&mu_);
   auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !error_.ok() || aborted_ ||
@@ -51,18 +57,13 @@ absl::Status PipelinedKvSender::SendChunk(const TokenTable& table, int64_t token
 absl::Status PipelinedKvSender::SendOne(const Chunk& chunk) {
   for (const KvBlockRange& range :
        PlanKvBlocks(layout_, chunk.token_begin, chunk.token_end, options_.max_block_bytes)) {
-    const size_t offset = static_cast<size_t>(range.token_begin - chunk.token_begin);
-    const absl::Span<const int32_t> slots =
-        absl::MakeConstSpan(chunk.slots)
-            .subspan(offset, static_cast<size_t>(range.token_end - range.token_begin));
     int64_t sequence;
     {
       absl::MutexLock lock(&mu_);
       if (aborted_) return absl::CancelledError("KV transfer aborted");
       sequence = blocks_sent_;
     }
-    ASSIGN_OR_RETURN(KvBlock block,
-                     EncodeKvBlock(*pool_, range, slots, sequence, options_.checksum));
+    ASSIGN_OR_RETURN(KvBlock block, store_->Encode(range, sequence, options_.checksum));
     const int64_t bytes = static_cast<int64_t>(block.data.size());
     RETURN_IF_ERROR(stream_->SendBlock(std::move(block)));
     absl::MutexLock lock(&mu_);

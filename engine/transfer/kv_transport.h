@@ -4,10 +4,12 @@
 // later NCCL; all carry the same KvBlock / KvFinal framing and the receiver runs the same checks
 // (kv_receiver.h).
 //
-// PipelinedKvSender sits on top of a stream: the prefill loop hands it each finished chunk
-// (token range, all layers) and goes on computing the next chunk while a sender thread encodes
-// the chunk out of the pool and sends it; the queue is bounded so a slow link back-pressures
-// prefill instead of buffering the whole prompt.
+// KvChunkSender is what the prefill loop talks to: it hands over each finished chunk (token
+// range, all layers) and goes on computing the next one. KvTransport::OpenSender picks the
+// implementation: PipelinedKvSender (below, the default) sits on top of a stream, with a sender
+// thread that encodes the chunk out of the request's KvStore and sends it; its queue is bounded so
+// a slow link back-pressures prefill instead of buffering the whole prompt. The NCCL transport
+// (nccl_kv_transport.h) sends device to device instead.
 #ifndef TOKENSELECT_ENGINE_TRANSFER_KV_TRANSPORT_H_
 #define TOKENSELECT_ENGINE_TRANSFER_KV_TRANSPORT_H_
 
@@ -22,9 +24,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/kvcache/page_pool.h"
-#include "engine/kvcache/token_table.h"
 #include "engine/transfer/kv_format.h"
+#include "engine/transfer/kv_store.h"
 
 namespace tokenselect::engine {
 
@@ -55,13 +56,6 @@ class KvStream {
   virtual void Abort() = 0;
 };
 
-class KvTransport {
- public:
-  virtual ~KvTransport() = default;
-  // Opens a stream to target.destination. Unavailable when it cannot be reached.
-  virtual absl::StatusOr<std::unique_ptr<KvStream>> Open(const KvStreamTarget& target) = 0;
-};
-
 struct KvSenderOptions {
   int64_t max_block_bytes = 1 << 20;  // payload per message (gRPC's default limit is 4 MiB)
 #ifdef NDEBUG
@@ -72,43 +66,65 @@ struct KvSenderOptions {
   int queue_depth = 2;  // chunks waiting to be sent before SendChunk blocks
 };
 
-class PipelinedKvSender {
+// One request's K/V on its way out. SendChunk and Finish from one thread; Abort from any.
+class KvChunkSender {
  public:
-  // `pool` must outlive the sender, and the slots of every queued chunk must keep their K/V
+  // Aborts unless Finish succeeded.
+  virtual ~KvChunkSender() = default;
+  // Hands over positions [token_begin, token_end) of every layer (the forward pass that wrote
+  // them has been issued). May return before they are sent; returns the first error so far.
+  // InvalidArgument for a range outside the store.
+  virtual absl::Status SendChunk(int64_t token_begin, int64_t token_end) = 0;
+  // Waits for every chunk, then sends `final` (num_chunks filled in) and returns the receiver's
+  // verdict.
+  virtual absl::StatusOr<KvPushStats> Finish(KvFinal final) = 0;
+  // Stops sending and aborts the stream. Thread-safe; idempotent.
+  virtual void Abort() = 0;
+  // Blocks (messages) sent and their payload bytes.
+  virtual int64_t blocks_sent() const = 0;
+  virtual int64_t bytes_sent() const = 0;
+};
+
+class KvTransport {
+ public:
+  virtual ~KvTransport() = default;
+  // Opens a stream to target.destination. Unavailable when it cannot be reached.
+  virtual absl::StatusOr<std::unique_ptr<KvStream>> Open(const KvStreamTarget& target) = 0;
+  // Opens a sender of `store`'s K/V (which must outlive it) to the target. The default: a
+  // PipelinedKvSender over Open's stream.
+  virtual absl::StatusOr<std::unique_ptr<KvChunkSender>> OpenSender(
+      const KvStreamTarget& target, KvStore* store, const KvSenderOptions& options);
+};
+
+class PipelinedKvSender final : public KvChunkSender {
+ public:
+  // `store` must outlive the sender, and the positions of every queued chunk must keep their K/V
   // until Finish or Abort returns.
-  PipelinedKvSender(std::unique_ptr<KvStream> stream, const PagePool* pool,
+  PipelinedKvSender(std::unique_ptr<KvStream> stream, KvStore* store,
                     const KvSenderOptions& options);
   // Aborts the stream unless Finish succeeded; joins the sender thread.
-  ~PipelinedKvSender();
+  ~PipelinedKvSender() override;
   PipelinedKvSender(const PipelinedKvSender&) = delete;
   PipelinedKvSender& operator=(const PipelinedKvSender&) = delete;
 
-  // Queues tokens [token_begin, token_end) of every layer of `table` (slots are read now; the
-  // K/V when the sender thread gets to them). Blocks while queue_depth chunks wait. Returns the
-  // first error of the stream so far (the sender stops at the first error).
-  absl::Status SendChunk(const TokenTable& table, int64_t token_begin, int64_t token_end);
-
-  // Waits for every queued chunk, then sends `final` (num_chunks filled in) and returns the
-  // receiver's verdict.
-  absl::StatusOr<KvPushStats> Finish(KvFinal final);
-
-  // Stops sending and aborts the stream. Thread-safe; idempotent.
-  void Abort();
-
-  int64_t blocks_sent() const;
-  int64_t bytes_sent() const;
+  // Queues the chunk (its K/V are encoded when the sender thread gets to it). Blocks while
+  // queue_depth chunks wait.
+  absl::Status SendChunk(int64_t token_begin, int64_t token_end) override;
+  absl::StatusOr<KvPushStats> Finish(KvFinal final) override;
+  void Abort() override;
+  int64_t blocks_sent() const override;
+  int64_t bytes_sent() const override;
 
  private:
   struct Chunk {
     int64_t token_begin = 0;
     int64_t token_end = 0;
-    std::vector<int32_t> slots;
   };
   void Run();
   absl::Status SendOne(const Chunk& chunk);
 
   std::unique_ptr<KvStream> stream_;
-  const PagePool* pool_;
+  KvStore* store_;
   const KvSenderOptions options_;
   const KvLayout layout_;
 

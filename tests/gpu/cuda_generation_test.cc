@@ -38,6 +38,8 @@
 #include "engine/model/model_presets.h"
 #include "engine/selection/cuda_selection.h"
 #include "engine/selection/selection_attention.h"
+#include "engine/transfer/kv_format.h"
+#include "engine/transfer/kv_receiver.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -233,6 +235,93 @@ TEST_P(CudaGenerationTest, BackendErrors) {
   options.sampling.max_new_tokens = 4;
   auto ok = gen.Generate({5, 6, 7}, options, nullptr);
   EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+// The worker path on one GPU: a prompt prefilled by one runner, its K/V carried through the host
+// wire format (KvStore::Encode -> KvReceiver -> KvStore::Write, as the host transport does) into
+// a second runner of another backend, which then decodes. Its logits must equal those of the
+// runner that did the prefill, step after step (same K/V bytes and kernels, up to the GEMM's
+// summation order at another batch size), and DecodeBatch over several runners must give each
+// row the logits of its runner alone.
+TEST_P(CudaGenerationTest, KvCarriedThroughTheHostDecodesLikeTheOriginal) {
+  CudaModelOptions options;
+  options.max_tokens = 2048;
+  options.max_chunk = 64;
+  DummyWeightOptions dummy;
+  dummy.init = DummyInit::kHuggingFace;
+  dummy.seed = 11;
+  auto weights = LoadDummyWeights(config_, dummy);
+  ASSERT_TRUE(weights.ok());
+  auto other = CudaModel::Create(config_, *weights, options);
+  ASSERT_TRUE(other.ok()) << other.status();
+  CudaBackend prefill(gpu_.get());
+  CudaBackend decode(other->get());
+  const SelectionOptions dense = [] {
+    SelectionOptions s;
+    s.policy = SelectionPolicyKind::kDense;
+    s.chunk_size = 64;
+    return s;
+  }();
+  const std::vector<int32_t> prompt = Prompt(150, 3, config_.vocab_size);
+  auto src = prefill.Start(200, dense);
+  ASSERT_TRUE(src.ok()) << src.status();
+  std::vector<float> first;
+  for (size_t b = 0; b < prompt.size(); b += 64) {
+    const size_t e = std::min(prompt.size(), b + 64);
+    ASSERT_TRUE((*src)->Forward(absl::MakeConstSpan(prompt).subspan(b, e - b),
+                                e == prompt.size() ? &first : nullptr)
+                    .ok());
+  }
+  auto dst = decode.Start(200, dense);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  ASSERT_TRUE((*dst)->kv()->device_slots().has_value());
+  EXPECT_EQ((*dst)->kv()->layout().dtype, KvDType::kBF16);
+  KvReceiver receiver("r", "v", (*dst)->kv(), static_cast<int64_t>(prompt.size()));
+  int64_t sequence = 0;
+  for (const KvBlockRange& range : PlanKvBlocks(prefill.kv_layout(), 0,
+                                                static_cast<int64_t>(prompt.size()), 40000)) {
+    auto block = (*src)->kv()->Encode(range, sequence++, /*checksum=*/true);
+    ASSERT_TRUE(block.ok()) << block.status();
+    ASSERT_TRUE(receiver.Accept("r", "v", *block).ok());
+  }
+  KvFinal final;
+  final.first_token_id = 1;
+  final.num_chunks = sequence;
+  ASSERT_TRUE(receiver.Finish("r", "v", final).ok());
+  EXPECT_EQ((*dst)->length(), static_cast<int64_t>(prompt.size()));
+
+  // A third runner with another prompt rides in the batch.
+  auto side = decode.Start(100, dense);
+  ASSERT_TRUE(side.ok());
+  const std::vector<int32_t> side_prompt = Prompt(40, 5, config_.vocab_size);
+  ASSERT_TRUE((*side)->Forward(side_prompt, nullptr).ok());
+  auto alone = prefill.Start(100, dense);
+  ASSERT_TRUE(alone.ok());
+  ASSERT_TRUE((*alone)->Forward(side_prompt, nullptr).ok());
+
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  int32_t token = 7;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<float> want, want_side, got;
+    ASSERT_TRUE((*src)->Forward(absl::MakeConstSpan(&token, 1), &want).ok());
+    ASSERT_TRUE((*alone)->Forward(absl::MakeConstSpan(&token, 1), &want_side).ok());
+    SequenceRunner* const batch[] = {dst->get(), side->get()};
+    const int32_t tokens[] = {token, token};
+    ASSERT_TRUE(decode.DecodeBatch(batch, tokens, &got).ok());
+    ASSERT_EQ(got.size(), 2 * vocab);
+    // A batch of 2 runs its GEMMs with m = 2 (another cuBLASLt algorithm may sum in another
+    // order than m = 1): equal up to rounding, not bit for bit.
+    EXPECT_LE(gpu_test::RelativeL2(got.data(), want.data(), static_cast<int64_t>(vocab)), 2e-3) << step;
+    EXPECT_LE(gpu_test::RelativeL2(got.data() + vocab, want_side.data(), static_cast<int64_t>(vocab)), 2e-3)
+        << step;
+    token = static_cast<int32_t>(
+        std::max_element(want.begin(), want.end()) - want.begin());
+  }
+  const KvCapacity before = decode.kv_capacity();
+  dst->reset();
+  side->reset();
+  EXPECT_EQ(decode.kv_capacity().free_pages, decode.kv_capacity().total_pages);
+  EXPECT_LT(before.free_pages, before.total_pages);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaGenerationTest,

@@ -55,7 +55,7 @@ TEST(MtlsTest, RouterAndWorkersTalkMutualTls) {
   decode_options.model = loaded->model.get();
   decode_options.tokenizer = loaded->tokenizer.get();
   decode_options.credentials = *server_creds;
-  decode_options.engine.kv_pages = 128;
+  decode_options.backend.kv_pages = 128;
   auto decode = decode_worker::StartDecodeWorker(decode_options);
   ASSERT_TRUE(decode.ok()) << decode.status();
   prefill_worker::PrefillWorkerOptions prefill_options;

@@ -19,7 +19,7 @@ TEST_F(WorkersTest, PrefillPastItsDeadlineFreesItsPages) {
   pctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(5));
   EXPECT_EQ(Prefill(request, call.reservation, nullptr, nullptr, &pctx).error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);
-  const engine::PagePool& pool = prefill_->engine().pool();
+  const engine::PagePool& pool = *prefill_->cpu_pool();
   const absl::Time end = absl::Now() + absl::Seconds(5);
   while (pool.num_free_pages() != pool.num_pages() && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(5));
@@ -32,23 +32,23 @@ TEST_F(WorkersTest, PrefillPastItsDeadlineFreesItsPages) {
 }
 
 TEST_F(WorkersTest, CancelMidStreamFreesPages) {
-  const int64_t baseline = decode_->engine().pool().num_free_pages();
+  const int64_t baseline = decode_->engine().kv_capacity().free_pages;
   pb::WorkerRequest request = Request("cancel-1", 32, 500);
   DecodeCall call;
   ASSERT_TRUE(OpenDecode(request, &call));
   ASSERT_TRUE(call.msg.has_reservation());
-  EXPECT_EQ(decode_->engine().pool().num_free_pages(), baseline - (32 + 500 + 15) / 16);
+  EXPECT_EQ(decode_->engine().kv_capacity().free_pages, baseline - (32 + 500 + 15) / 16);
   ASSERT_TRUE(Prefill(request, call.reservation).ok());
   int tokens = 0;
   while (tokens < 3 && call.reader->Read(&call.msg)) tokens += call.msg.tokens().token_ids_size();
   ASSERT_GE(tokens, 3);
   EXPECT_EQ(call.Cancel().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(WaitForFreePages(decode_.get(), baseline));
-  EXPECT_EQ(prefill_->engine().pool().num_free_pages(), prefill_->engine().pool().num_pages());
+  EXPECT_EQ(prefill_->engine().kv_capacity().free_pages, prefill_->engine().kv_capacity().total_pages);
 }
 
 TEST_F(WorkersTest, CancelRpcEndsTheStream) {
-  const int64_t baseline = decode_->engine().pool().num_free_pages();
+  const int64_t baseline = decode_->engine().kv_capacity().free_pages;
   DecodeCall call;
   ASSERT_TRUE(OpenDecode(Request("cancel-2", 8, 8), &call));
   grpc::ClientContext cctx;
@@ -59,29 +59,29 @@ TEST_F(WorkersTest, CancelRpcEndsTheStream) {
   EXPECT_TRUE(cresp.found());
   EXPECT_FALSE(call.reader->Read(&call.msg));
   EXPECT_EQ(call.reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_EQ(decode_->engine().pool().num_free_pages(), baseline);
+  EXPECT_EQ(decode_->engine().kv_capacity().free_pages, baseline);
 }
 
 TEST_F(WorkersTest, ReservationWithoutKvExpiresAfterTheLease) {
   common::FakeClock clock(absl::FromUnixSeconds(1000));
   auto decode = StartDecode(16, absl::Seconds(5), &clock);
   ASSERT_NE(decode, nullptr);
-  const int64_t baseline = decode->engine().pool().num_free_pages();
+  const int64_t baseline = decode->engine().kv_capacity().free_pages;
   const pb::WorkerRequest request = Request("lease-1", 20, 10);
   DecodeCall call;
   ASSERT_TRUE(OpenDecode(request, &call, decode.get()));
   EXPECT_EQ(call.reservation.lease_expires_unix_ms(), 1005000);
-  EXPECT_EQ(decode->engine().pool().num_free_pages(), baseline - 2);
+  EXPECT_EQ(decode->engine().kv_capacity().free_pages, baseline - 2);
   absl::SleepFor(absl::Milliseconds(50));  // real time alone frees nothing
-  EXPECT_EQ(decode->engine().pool().num_free_pages(), baseline - 2);
+  EXPECT_EQ(decode->engine().kv_capacity().free_pages, baseline - 2);
   clock.Advance(absl::Seconds(6));
   EXPECT_FALSE(call.reader->Read(&call.msg));
   EXPECT_EQ(call.reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_EQ(decode->engine().pool().num_free_pages(), baseline);
+  EXPECT_EQ(decode->engine().kv_capacity().free_pages, baseline);
   // KV arriving late finds no reservation.
   EXPECT_EQ(Prefill(request, call.reservation, decode.get()).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(prefill_->engine().pool().num_free_pages(), prefill_->engine().pool().num_pages());
+  EXPECT_EQ(prefill_->engine().kv_capacity().free_pages, prefill_->engine().kv_capacity().total_pages);
   decode->Shutdown(absl::ZeroDuration());
 }
 
@@ -133,7 +133,7 @@ TEST_F(WorkersTest, BadInputIsInvalidArgumentNamingTheField) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("decode_worker_address"), std::string::npos)
       << status.error_message();
-  EXPECT_EQ(decode_->engine().pool().num_free_pages(), 64);
+  EXPECT_EQ(decode_->engine().kv_capacity().free_pages, 64);
 }
 
 TEST_F(WorkersTest, PrefillChecksTheReservationAndTheDecodeWorker) {
@@ -161,7 +161,7 @@ TEST_F(WorkersTest, PrefillChecksTheReservationAndTheDecodeWorker) {
     EXPECT_EQ(prefill_stub_->Prefill(&ctx, preq, &presp).error_code(),
               grpc::StatusCode::UNAVAILABLE);
   }
-  EXPECT_EQ(prefill_->engine().pool().num_free_pages(), prefill_->engine().pool().num_pages());
+  EXPECT_EQ(prefill_->engine().kv_capacity().free_pages, prefill_->engine().kv_capacity().total_pages);
 }
 
 TEST_F(WorkersTest, BadKvIsRejectedAndThePrefillCanBeRetried) {
@@ -272,7 +272,7 @@ TEST_F(WorkersTest, CancelAfterABadSelectionStateFreesThePages) {
   request.mutable_selection()->set_policy(pb::SELECTION_POLICY_CASCADE);
   DecodeCall call;
   ASSERT_TRUE(OpenDecode(request, &call));
-  EXPECT_LT(decode_->engine().pool().num_free_pages(), 64);
+  EXPECT_LT(decode_->engine().kv_capacity().free_pages, 64);
   std::vector<std::string> corrupt(static_cast<size_t>(call.reservation.layout().num_layers()),
                                    std::string(64, '\x5a'));
   grpc::Status status = PushKvWithStates(call.stub.get(), "state-2", call.reservation, corrupt);

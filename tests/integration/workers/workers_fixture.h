@@ -94,7 +94,7 @@ class WorkersTest : public ::testing::Test {
     decode_ = StartDecode(64, absl::Seconds(30), nullptr);
     prefill_worker::PrefillWorkerOptions p;
     p.model_dir = *model_dir_;  // this one loads the checkpoint itself
-    p.engine.kv_pages = 64;
+    p.backend.kv_pages = 64;
     p.engine.kv.max_block_bytes = 4096;  // several PushKv messages per chunk
     p.engine.kv.checksum = true;
     auto prefill = prefill_worker::StartPrefillWorker(p);
@@ -107,8 +107,8 @@ class WorkersTest : public ::testing::Test {
   void TearDown() override {
     prefill_->Shutdown(absl::Seconds(1));
     decode_->Shutdown(absl::Seconds(1));
-    EXPECT_TRUE(prefill_->engine().pool().CheckNoLeaks().ok());
-    EXPECT_TRUE(decode_->engine().pool().CheckNoLeaks().ok());
+    EXPECT_TRUE(prefill_->cpu_pool()->CheckNoLeaks().ok());
+    EXPECT_TRUE(decode_->cpu_pool()->CheckNoLeaks().ok());
   }
 
   std::unique_ptr<decode_worker::DecodeWorker> StartDecode(int64_t pages, absl::Duration lease,
@@ -116,8 +116,8 @@ class WorkersTest : public ::testing::Test {
     decode_worker::DecodeWorkerOptions d;
     d.model = loaded_->model.get();
     d.tokenizer = loaded_->tokenizer.get();
-    d.engine.kv_pages = pages;
-    d.engine.page_size = 16;
+    d.backend.kv_pages = pages;
+    d.backend.page_size = 16;
     d.engine.lease_timeout = lease;
     d.engine.clock = clock;
     auto worker = decode_worker::StartDecodeWorker(d);
@@ -245,7 +245,7 @@ class WorkersTest : public ::testing::Test {
   static bool WaitForFreePages(decode_worker::DecodeWorker* w, int64_t want) {
     const absl::Time end = absl::Now() + absl::Seconds(5);
     while (absl::Now() < end) {
-      if (w->engine().pool().num_free_pages() == want) return true;
+      if (w->engine().kv_capacity().free_pages == want) return true;
       absl::SleepFor(absl::Milliseconds(5));
     }
     return false;

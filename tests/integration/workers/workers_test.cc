@@ -96,7 +96,7 @@ TEST_F(WorkersTest, ShutdownLetsRunningRequestsFinish) {
   EXPECT_TRUE(call.Finish(&out).ok());
   EXPECT_EQ(out.ids.size(), 40u);
   stopper.join();
-  EXPECT_EQ(decode_->engine().pool().num_free_pages(), 64);
+  EXPECT_EQ(decode_->engine().kv_capacity().free_pages, 64);
 }
 
 // grpc.health.v1.Health/Check with an empty request (the whole server); the response's field 1
@@ -188,7 +188,7 @@ TEST_F(WorkersTest, InfLlmWithSmallBlocksMatchesGenerator) {
   prefill_->Shutdown(absl::Seconds(1));
   prefill_worker::PrefillWorkerOptions p;
   p.model_dir = *model_dir_;
-  p.engine.kv_pages = 64;
+  p.backend.kv_pages = 64;
   p.default_selection = selection;
   auto prefill = prefill_worker::StartPrefillWorker(p);
   ASSERT_TRUE(prefill.ok()) << prefill.status();
@@ -198,8 +198,8 @@ TEST_F(WorkersTest, InfLlmWithSmallBlocksMatchesGenerator) {
   decode_worker::DecodeWorkerOptions d;
   d.model = loaded_->model.get();
   d.tokenizer = loaded_->tokenizer.get();
-  d.engine.kv_pages = 64;
-  d.engine.page_size = 16;
+  d.backend.kv_pages = 64;
+  d.backend.page_size = 16;
   d.default_selection = selection;
   auto decode = decode_worker::StartDecodeWorker(d);
   ASSERT_TRUE(decode.ok()) << decode.status();
@@ -213,7 +213,7 @@ TEST_F(WorkersTest, InfLlmWithSmallBlocksMatchesGenerator) {
   ASSERT_TRUE(out.decode_status.ok()) << out.decode_status.error_message();
   EXPECT_EQ(out.ids, Reference(request, reference).token_ids);
   (*decode)->Shutdown(absl::Seconds(1));
-  EXPECT_TRUE((*decode)->engine().pool().CheckNoLeaks().ok());
+  EXPECT_TRUE((*decode)->cpu_pool()->CheckNoLeaks().ok());
 }
 
 }  // namespace

@@ -25,7 +25,8 @@ class KvReceiverTest : public ::testing::Test {
         dst_pool_(MakePool(3, 2, 4, 8, 8)),
         src_(src_pool_.get(), "src"),
         dst_(dst_pool_.get(), "dst"),
-        receiver_("req", "rsv", &dst_, kPrompt) {
+        dst_store_(&dst_),
+        receiver_("req", "rsv", &dst_store_, kPrompt) {
     FillTable(&src_, kPrompt);
     EXPECT_TRUE(dst_.Reserve(kPrompt + 5).ok());
   }
@@ -59,6 +60,7 @@ class KvReceiverTest : public ::testing::Test {
 
   std::unique_ptr<PagePool> src_pool_, dst_pool_;
   TokenTable src_, dst_;
+  TableKvStore dst_store_;
   KvReceiver receiver_;
 };
 
@@ -219,6 +221,81 @@ TEST_F(KvReceiverTest, FinishRejectsACorruptSelectionState) {
   ExpectRejected(s, "final.selection_states[2]");
   EXPECT_EQ(dst_.length(), 0);
   EXPECT_FALSE(receiver_.finished());
+}
+
+// A side channel that delivers each chunk from a queue of encoded blocks: it stands for the
+// device link whose bytes never enter the stream.
+class FakeSideChannel : public KvSideChannel {
+ public:
+  explicit FakeSideChannel(std::vector<KvBlock> payloads) : payloads_(std::move(payloads)) {}
+  const std::string& id() const override { return id_; }
+  absl::Status Receive(const KvBlockRange& range, KvStore* store) override {
+    if (next_ >= payloads_.size()) return absl::UnavailableError("link closed");
+    const KvBlock& b = payloads_[next_++];
+    EXPECT_EQ(b.token_begin, range.token_begin);
+    EXPECT_EQ(b.layer_end, range.layer_end);
+    return store->Write(b);
+  }
+  absl::Status Flush() override {
+    ++flushes_;
+    return absl::OkStatus();
+  }
+  int flushes_ = 0;
+
+ private:
+  std::string id_ = "link-1";
+  std::vector<KvBlock> payloads_;
+  size_t next_ = 0;
+};
+
+// The stream's messages of `blocks` when their payload goes over a link.
+std::vector<KvBlock> OutOfBand(std::vector<KvBlock> blocks, const std::string& link) {
+  for (KvBlock& b : blocks) {
+    b.data.clear();
+    b.checksum.reset();
+    b.link_id = link;
+  }
+  return blocks;
+}
+
+TEST_F(KvReceiverTest, LinkBlocksArriveThroughTheSideChannel) {
+  std::vector<KvBlock> blocks = Blocks(200);
+  FakeSideChannel side(blocks);
+  for (const KvBlock& b : OutOfBand(blocks, "link-1")) {
+    ASSERT_TRUE(receiver_.Accept("req", "rsv", b, &side).ok());
+  }
+  ASSERT_TRUE(
+      receiver_.Finish("req", "rsv", Final(static_cast<int64_t>(blocks.size())), &side).ok());
+  EXPECT_EQ(side.flushes_, 1);
+  EXPECT_EQ(dst_.length(), kPrompt);
+  ExpectPattern(dst_, kPrompt);
+}
+
+TEST_F(KvReceiverTest, RejectsALinkBlockWithoutItsLink) {
+  std::vector<KvBlock> blocks = OutOfBand(Blocks(1 << 20), "link-1");
+  ExpectRejected(receiver_.Accept("req", "rsv", blocks[0]), "chunk.link_id");
+}
+
+TEST_F(KvReceiverTest, RejectsALinkBlockOfAnotherLink) {
+  FakeSideChannel side(Blocks(1 << 20));
+  std::vector<KvBlock> blocks = OutOfBand(Blocks(1 << 20), "link-2");
+  ExpectRejected(receiver_.Accept("req", "rsv", blocks[0], &side), "chunk.link_id");
+}
+
+TEST_F(KvReceiverTest, RejectsALinkBlockWithAPayload) {
+  FakeSideChannel side(Blocks(1 << 20));
+  KvBlock b = Blocks(1 << 20)[0];
+  b.link_id = "link-1";
+  b.checksum.reset();
+  ExpectRejected(receiver_.Accept("req", "rsv", b, &side), "chunk.data");
+}
+
+TEST_F(KvReceiverTest, ASideChannelFailureFailsTheStream) {
+  FakeSideChannel side({});  // nothing to deliver
+  absl::Status s = receiver_.Accept("req", "rsv", OutOfBand(Blocks(1 << 20), "link-1")[0], &side);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(receiver_.Accept("req", "rsv", Blocks(1 << 20)[0]).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -56,7 +56,9 @@ class PipelinedKvSenderTest : public ::testing::Test {
         dst_pool_(MakePool(2, 2, 4, 16, 16)),
         src_(src_pool_.get(), "src"),
         dst_(dst_pool_.get(), "dst"),
-        receiver_("req", "rsv", &dst_, 20) {
+        src_store_(&src_),
+        dst_store_(&dst_),
+        receiver_("req", "rsv", &dst_store_, 20) {
     FillTable(&src_, 20);
     EXPECT_TRUE(dst_.Reserve(24).ok());
     options_.max_block_bytes = 300;  // several blocks per chunk
@@ -65,15 +67,16 @@ class PipelinedKvSenderTest : public ::testing::Test {
   }
   std::unique_ptr<PagePool> src_pool_, dst_pool_;
   TokenTable src_, dst_;
+  TableKvStore src_store_, dst_store_;
   KvReceiver receiver_;
   KvSenderOptions options_;
 };
 
 TEST_F(PipelinedKvSenderTest, SendsChunksInOrderAndFinishes) {
   auto stream = std::make_unique<FakeStream>(&receiver_);
-  PipelinedKvSender sender(std::move(stream), src_pool_.get(), options_);
+  PipelinedKvSender sender(std::move(stream), &src_store_, options_);
   for (int64_t begin = 0; begin < 20; begin += 6) {
-    ASSERT_TRUE(sender.SendChunk(src_, begin, std::min<int64_t>(20, begin + 6)).ok());
+    ASSERT_TRUE(sender.SendChunk(begin, std::min<int64_t>(20, begin + 6)).ok());
   }
   KvFinal final;
   final.first_token_id = 3;
@@ -97,9 +100,9 @@ TEST_F(PipelinedKvSenderTest, FinalRecordCarriesTheSelectionStateLast) {
     }
   }
   auto stream = std::make_unique<FakeStream>(&receiver_);
-  PipelinedKvSender sender(std::move(stream), src_pool_.get(), options_);
-  ASSERT_TRUE(sender.SendChunk(src_, 0, 12).ok());
-  ASSERT_TRUE(sender.SendChunk(src_, 12, 20).ok());
+  PipelinedKvSender sender(std::move(stream), &src_store_, options_);
+  ASSERT_TRUE(sender.SendChunk(0, 12).ok());
+  ASSERT_TRUE(sender.SendChunk(12, 20).ok());
   KvFinal final;
   final.first_token_id = 3;
   final.selection_states = CollectSelectionStates(**sent, 2);
@@ -119,10 +122,10 @@ TEST_F(PipelinedKvSenderTest, FinalRecordCarriesTheSelectionStateLast) {
 TEST_F(PipelinedKvSenderTest, StreamErrorIsReturned) {
   auto stream = std::make_unique<FakeStream>(&receiver_);
   stream->fail_at_ = 2;
-  PipelinedKvSender sender(std::move(stream), src_pool_.get(), options_);
+  PipelinedKvSender sender(std::move(stream), &src_store_, options_);
   absl::Status status;
   for (int64_t begin = 0; begin < 20 && status.ok(); begin += 5) {
-    status = sender.SendChunk(src_, begin, begin + 5);
+    status = sender.SendChunk(begin, begin + 5);
   }
   auto stats = sender.Finish(KvFinal{});
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kUnavailable);
@@ -132,20 +135,20 @@ TEST_F(PipelinedKvSenderTest, AbortUnblocksEverything) {
   auto stream = std::make_unique<FakeStream>(&receiver_);
   FakeStream* raw = stream.get();
   raw->block_forever_ = true;
-  PipelinedKvSender sender(std::move(stream), src_pool_.get(), options_);
-  ASSERT_TRUE(sender.SendChunk(src_, 0, 5).ok());
+  PipelinedKvSender sender(std::move(stream), &src_store_, options_);
+  ASSERT_TRUE(sender.SendChunk(0, 5).ok());
   raw->entered_.WaitForNotification();
   std::thread aborter([&] { sender.Abort(); });
   auto stats = sender.Finish(KvFinal{});
   aborter.join();
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kCancelled);
-  EXPECT_EQ(sender.SendChunk(src_, 5, 10).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(sender.SendChunk(5, 10).code(), absl::StatusCode::kCancelled);
 }
 
 TEST_F(PipelinedKvSenderTest, RejectsChunkOutsideTheTable) {
-  PipelinedKvSender sender(std::make_unique<FakeStream>(&receiver_), src_pool_.get(), options_);
-  EXPECT_EQ(sender.SendChunk(src_, 5, 5).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(sender.SendChunk(src_, 0, 100).code(), absl::StatusCode::kInvalidArgument);
+  PipelinedKvSender sender(std::make_unique<FakeStream>(&receiver_), &src_store_, options_);
+  EXPECT_EQ(sender.SendChunk(5, 5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sender.SendChunk(0, 100).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
