@@ -33,32 +33,11 @@
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model_config.h"
 #include "engine/selection/cuda_selection.h"
+#include "engine/model/model_presets.h"
 #include "engine/selection/selection_options.h"
 
 namespace tokenselect::engine {
 namespace {
-
-ModelConfig Llama3_8B() {
-  ModelConfig c;
-  c.architecture = Architecture::kLlama;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_layers = 32;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.vocab_size = 128256;
-  c.rms_norm_eps = 1e-5;
-  c.max_position_embeddings = 131072;
-  c.rope.head_dim = 128;
-  c.rope.theta = 500000.0;
-  c.rope.scaling = kernels::RopeScaling::kLlama3;
-  c.rope.factor = 8.0;
-  c.rope.low_freq_factor = 1.0;
-  c.rope.high_freq_factor = 4.0;
-  c.rope.original_max_position = 8192;
-  return c;
-}
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -74,7 +53,7 @@ int Main(int argc, char** argv) {
     if (flag == "--policies") policies = argv[i + 1];
     if (flag == "--batch_context") batch_context = std::atoll(argv[i + 1]);
   }
-  const ModelConfig config = Llama3_8B();
+  const ModelConfig config = Llama3_8BConfig();
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   // 2 GiB device to device: median of 10 copies after 2 warm-ups, each waited for.

@@ -32,6 +32,7 @@
 #include "engine/model/model_config.h"
 #include "engine/parallel/tp_cuda_model.h"
 #include "engine/selection/cuda_selection.h"
+#include "engine/model/model_presets.h"
 #include "engine/selection/selection_options.h"
 
 namespace tokenselect::engine {
@@ -41,28 +42,6 @@ namespace {
 // the variable must be set before the first CUDA call, so before main. An explicit setting in
 // the environment wins.
 const bool kEagerLoading = [] { return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0; }();
-
-ModelConfig Llama3_8B() {
-  ModelConfig c;
-  c.architecture = Architecture::kLlama;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_layers = 32;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.vocab_size = 128256;
-  c.rms_norm_eps = 1e-5;
-  c.max_position_embeddings = 131072;
-  c.rope.head_dim = 128;
-  c.rope.theta = 500000.0;
-  c.rope.scaling = kernels::RopeScaling::kLlama3;
-  c.rope.factor = 8.0;
-  c.rope.low_freq_factor = 1.0;
-  c.rope.high_freq_factor = 4.0;
-  c.rope.original_max_position = 8192;
-  return c;
-}
 
 std::vector<int64_t> ParseList(const std::string& text) {
   std::vector<int64_t> out;
@@ -156,7 +135,7 @@ struct Row {
 absl::Status RunTp(int tp, const std::vector<int64_t>& contexts,
                    const std::vector<std::string>& policies, int64_t decode, int64_t chunks,
                    bool graphs, double theta, std::vector<Row>* rows) {
-  const ModelConfig config = Llama3_8B();
+  const ModelConfig config = Llama3_8BConfig();
   const int64_t L = config.num_layers, hidden = config.hidden_size;
   const int64_t layer_params = hidden * (config.q_dim() + 2 * config.kv_dim()) +
                                config.q_dim() * hidden + 3 * hidden * config.intermediate_size +

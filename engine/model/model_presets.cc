@@ -7,6 +7,28 @@
 
 namespace tokenselect::engine {
 
+ModelConfig Llama3_8BConfig() {
+  ModelConfig c;
+  c.architecture = Architecture::kLlama;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_layers = 32;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.vocab_size = 128256;
+  c.rms_norm_eps = 1e-5;
+  c.max_position_embeddings = 131072;
+  c.rope.head_dim = 128;
+  c.rope.theta = 500000.0;
+  c.rope.scaling = kernels::RopeScaling::kLlama3;
+  c.rope.factor = 8.0;
+  c.rope.low_freq_factor = 1.0;
+  c.rope.high_freq_factor = 4.0;
+  c.rope.original_max_position = 8192;
+  return c;
+}
+
 std::vector<std::string> PresetNames() { return {"llama-gqa", "qwen2-bias", "llama3-rope"}; }
 
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name, const PresetOptions& options) {

@@ -38,6 +38,10 @@ struct PresetOptions {
 // The preset names, in the order above.
 std::vector<std::string> PresetNames();
 
+// Llama-3-8B's shape (32 layers, hidden 4096, 32 query / 8 KV heads of 128, intermediate 14336,
+// vocabulary 128256, Llama-3 RoPE scaling): the benchmarks' dummy model.
+ModelConfig Llama3_8BConfig();
+
 // The config of preset `name`. NotFound listing the presets for an unknown name;
 // InvalidArgument (ValidateModelConfig) for a bad vocabulary size or token id.
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name, const PresetOptions& options);

@@ -40,28 +40,15 @@
 #include "engine/selection/selection_attention.h"
 #include "engine/transfer/kv_format.h"
 #include "engine/transfer/kv_receiver.h"
+#include "tests/gpu/gpu_engine_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tokenselect::engine {
 namespace {
 
-std::vector<int32_t> Prompt(int64_t n, int64_t salt, int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(3 + (i * 7919 + salt * 104729) % (vocab - 3));
-  return ids;
-}
-
-SelectionOptions SmallBudget(SelectionPolicyKind policy) {
-  SelectionOptions s;
-  s.policy = policy;
-  s.n_init = 8;
-  s.k = 64;
-  s.n_local = 32;
-  s.chunk_size = 64;
-  s.theta = 0.9;
-  return s;
-}
+using gpu_test::Prompt;
+using gpu_test::SmallBudget;
 
 class CudaGenerationTest : public ::testing::TestWithParam<std::string> {
  protected:

@@ -43,6 +43,7 @@
 #include "engine/model/model_presets.h"
 #include "engine/parallel/tp_cuda_model.h"
 #include "engine/selection/cuda_selection.h"
+#include "tests/gpu/gpu_engine_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::engine {
@@ -78,24 +79,8 @@ absl::StatusOr<ModelConfig> TestConfig(const std::string& name) {
   return PresetConfig(name, preset);
 }
 
-std::vector<int32_t> Prompt(int64_t n, int64_t salt, int64_t vocab) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    ids[i] = static_cast<int32_t>(3 + (i * 7919 + salt * 104729) % (vocab - 3));
-  }
-  return ids;
-}
-
-SelectionOptions SmallBudget(SelectionPolicyKind policy) {
-  SelectionOptions s;
-  s.policy = policy;
-  s.n_init = 8;
-  s.k = 64;
-  s.n_local = 32;
-  s.chunk_size = 64;
-  s.theta = 0.9;
-  return s;
-}
+using gpu_test::Prompt;
+using gpu_test::SmallBudget;
 
 constexpr int64_t kMaxTokens = 1024;
 constexpr int64_t kChunk = 64;

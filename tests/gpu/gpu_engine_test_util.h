@@ -1,0 +1,39 @@
+// Helpers shared by the GPU tests of the engine (generation, tensor parallelism): deterministic
+// prompts and a small selection budget that makes the generated presets select.
+#ifndef TOKENSELECT_TESTS_GPU_GPU_ENGINE_TEST_UTIL_H_
+#define TOKENSELECT_TESTS_GPU_GPU_ENGINE_TEST_UTIL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/selection/selection_options.h"
+
+namespace tokenselect::gpu_test {
+
+// n token ids spread over [3, vocab) (ids 0-2 are special in the generated tokenizers), different
+// for every salt.
+inline std::vector<int32_t> Prompt(int64_t n, int64_t salt, int64_t vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    ids[static_cast<size_t>(i)] =
+        static_cast<int32_t>(3 + (i * 7919 + salt * 104729) % (vocab - 3));
+  }
+  return ids;
+}
+
+// A budget small enough that prompts of a few hundred tokens already select (8 sinks, 64 picks,
+// 32 local tokens, chunks of 64).
+inline engine::SelectionOptions SmallBudget(engine::SelectionPolicyKind policy) {
+  engine::SelectionOptions s;
+  s.policy = policy;
+  s.n_init = 8;
+  s.k = 64;
+  s.n_local = 32;
+  s.chunk_size = 64;
+  s.theta = 0.9;
+  return s;
+}
+
+}  // namespace tokenselect::gpu_test
+
+#endif  // TOKENSELECT_TESTS_GPU_GPU_ENGINE_TEST_UTIL_H_
