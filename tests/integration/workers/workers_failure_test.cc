@@ -195,6 +195,59 @@ TEST_F(WorkersTest, BadKvIsRejectedAndThePrefillCanBeRetried) {
   ASSERT_NO_FATAL_FAILURE(CheckRetriedPrefill(request, engine::SelectionOptions{}, &call));
 }
 
+// Device K/V links on CPU workers: ConnectKvLink is FAILED_PRECONDITION, a chunk that names a
+// link is INVALID_ARGUMENT naming chunk.link_id (and the reservation survives for a retried
+// prefill), and a prefill worker asked for --transport nccl without a GPU refuses to start.
+TEST_F(WorkersTest, DeviceLinksAreRefusedOnTheCpu) {
+  pb::WorkerRequest request = Request("link-1", 20, 6);
+  DecodeCall call;
+  ASSERT_TRUE(OpenDecode(request, &call));
+  {
+    grpc::ClientContext ctx;
+    pb::ConnectKvLinkRequest link;
+    link.set_link_id("kvlink-x");
+    link.set_nccl_unique_id(std::string(128, '\0'));
+    link.set_max_chunk_tokens(512);
+    pb::ConnectKvLinkResponse response;
+    const grpc::Status status = call.stub->ConnectKvLink(&ctx, link, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(status.error_message().find("--device cuda"), std::string::npos)
+        << status.error_message();
+  }
+  {
+    grpc::ClientContext kctx;
+    pb::PushKvResponse kresp;
+    auto writer = call.stub->PushKv(&kctx, &kresp);
+    pb::PushKvMessage msg;
+    msg.set_request_id("link-1");
+    msg.set_reservation_id(call.reservation.reservation_id());
+    pb::KvChunk* chunk = msg.mutable_chunk();
+    chunk->set_layer_end(call.reservation.layout().num_layers());
+    chunk->set_token_end(20);
+    chunk->set_dtype(pb::KV_DTYPE_F32);
+    chunk->set_link_id("kvlink-x");
+    writer->Write(msg);
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(status.error_message().find("chunk.link_id"), std::string::npos)
+        << status.error_message();
+  }
+  ASSERT_NO_FATAL_FAILURE(CheckRetriedPrefill(request, engine::SelectionOptions{}, &call));
+
+  prefill_worker::PrefillWorkerOptions p;
+  p.model_dir = *model_dir_;
+  p.backend.kv_pages = 16;
+  p.transport_kind = "nccl";
+  auto nccl = prefill_worker::StartPrefillWorker(p);
+  ASSERT_FALSE(nccl.ok());
+  EXPECT_EQ(nccl.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nccl.status().message().find("--transport nccl"), std::string::npos) << nccl.status();
+  p.transport_kind = "carrier-pigeon";
+  EXPECT_EQ(prefill_worker::StartPrefillWorker(p).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A hand-driven PushKv: complete K/V (zeros, one block per layer) for `reservation`, then a final
 // record with `selection_states`. Returns the decode worker's verdict.
 grpc::Status PushKvWithStates(pb::DecodeWorker::Stub* stub, const std::string& request_id,
