@@ -60,6 +60,7 @@ def check_values():
         errors.append(f"values.yaml: {'.'.join(map(str, error.path))}: {error.message}")
     bad = [
         ("transport", "tcp"),
+        ("device", "tpu"),
         ("selection.theta", 1.5),
         ("selection.policy", "magic"),
         ("selection.k", 0),
