@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "rpc/proto_params.h"
 #include "rpc/status_convert.h"
 #include "wire/wire_service.h"
 #include "grpcpp/grpcpp.h"
@@ -20,7 +21,7 @@ absl::StatusOr<DecodeSpec> ToSpec(const pb::WorkerRequest& r,
   DecodeSpec spec;
   spec.request_id = r.request_id();
   spec.prompt.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
-  spec.sampling = wire::ToEngine(r.sampling());
+  spec.sampling = rpc::SamplingFromProto(r.sampling());
   absl::StatusOr<engine::SelectionOptions> selection = wire::ToEngine(r.selection(), defaults);
   if (!selection.ok()) return selection.status();
   spec.selection = *selection;

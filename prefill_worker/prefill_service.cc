@@ -5,6 +5,7 @@
 
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/proto_params.h"
 #include "rpc/status_convert.h"
 #include "wire/wire_service.h"
 #include "proto/tokenselect/v1/worker.grpc.pb.h"
@@ -25,7 +26,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     PrefillSpec spec;
     spec.request_id = r.request_id();
     spec.prompt.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
-    spec.sampling = wire::ToEngine(r.sampling());
+    spec.sampling = rpc::SamplingFromProto(r.sampling());
     absl::StatusOr<engine::SelectionOptions> selection =
         wire::ToEngine(r.selection(), options_.default_selection);
     if (!selection.ok()) return rpc::ToGrpcStatus(selection.status());

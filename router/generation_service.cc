@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "proto/tokenselect/v1/generate.grpc.pb.h"
+#include "rpc/proto_params.h"
 #include "rpc/status_convert.h"
 
 // Returns the grpc::Status of an absl::Status expression when it is an error.
@@ -23,27 +24,6 @@ namespace tokenselect::router {
 namespace {
 
 constexpr size_t kMaxRequestIdBytes = 128;
-
-// Unset fields keep the workers' defaults (params::SamplingParams{}).
-params::SamplingParams ToSamplingParams(const v1::SamplingParams& p) {
-  params::SamplingParams s;
-  if (p.has_temperature()) s.temperature = p.temperature();
-  if (p.has_top_k()) s.top_k = p.top_k();
-  if (p.has_top_p()) s.top_p = p.top_p();
-  if (p.has_min_p()) s.min_p = p.min_p();
-  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
-  if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
-  if (p.has_presence_penalty()) s.presence_penalty = p.presence_penalty();
-  if (p.has_seed()) s.seed = p.seed();
-  if (p.has_max_new_tokens()) s.max_new_tokens = p.max_new_tokens();
-  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
-  s.ignore_eos = p.ignore_eos();
-  s.stop.assign(p.stop().begin(), p.stop().end());
-  s.include_stop_str_in_output = p.include_stop_str_in_output();
-  s.logprobs = p.logprobs();
-  s.top_logprobs = p.top_logprobs();
-  return s;
-}
 
 absl::StatusOr<SelectionSpec> ToSelectionSpec(const v1::SelectionParams& p) {
   SelectionSpec s;
@@ -257,7 +237,7 @@ class GenerationService final : public v1::Generation::Service {
     }
     RETURN_IF_ERROR(ValidatePrompt(spec.prompt_ids, options_.model->max_prompt_tokens,
                                    options_.model->vocab_size()));
-    spec.sampling = ToSamplingParams(request.sampling());
+    spec.sampling = rpc::SamplingFromProto(request.sampling());
     RETURN_IF_ERROR(
         params::Validate(spec.sampling, static_cast<int>(options_.model->vocab_size())));
     ASSIGN_OR_RETURN(spec.selection, ToSelectionSpec(request.selection()));

@@ -8,7 +8,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/sampling/finish_reason.h"
-#include "engine/sampling/sampling_params.h"
 #include "engine/selection/selection_options.h"
 #include "engine/transfer/kv_format.h"
 #include "proto/tokenselect/v1/worker.pb.h"
@@ -17,8 +16,7 @@ namespace tokenselect::wire {
 
 namespace v1 = ::tokenselect::v1;
 
-// Unset optional fields keep the engine defaults (engine::SamplingParams{}).
-engine::SamplingParams ToEngine(const v1::SamplingParams& params);
+// SamplingParams: rpc::SamplingFromProto (rpc/proto_params.h), shared with the router.
 // Overrides `defaults` with the fields that are set; InvalidArgument for an unknown policy (the
 // values are validated later by ValidateSelectionOptions).
 absl::StatusOr<engine::SelectionOptions> ToEngine(const v1::SelectionParams& params,
