@@ -1,7 +1,7 @@
 // The start-up both worker binaries share, from their flag values: server credentials for the
 // --tls_* flags, the default selection (--selection_*, selection_flags.h) and the optional
-// /metrics endpoint. Each main keeps its own flags (the CLI's `serve` links both workers) and
-// passes the values in.
+// /metrics endpoint. The values come in as options: the worker binaries read them from the flags
+// of worker_flags.h (the CLI's `serve`, which links both workers, has flags of its own).
 #ifndef TOKENSELECT_WIRE_WORKER_SETUP_H_
 #define TOKENSELECT_WIRE_WORKER_SETUP_H_
 
