@@ -167,16 +167,27 @@ absl::StatusOr<int64_t> PlanKvTokens(const ModelConfig& c, int64_t budget_bytes,
   return tokens;
 }
 
+namespace {
+
+// A CPU worker over `model` (owned by `owned` when loaded here) with its own pool.
+absl::StatusOr<std::unique_ptr<WorkerBackend>> MakeCpuWorker(LoadedModel owned, const Model* model,
+                                                             const tokenizer::Tokenizer* tokenizer,
+                                                             const WorkerBackendOptions& o) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool,
+                   PagePool::Create(model->KvCacheOptions(o.kv_pages, o.page_size)));
+  return std::unique_ptr<WorkerBackend>(
+      std::make_unique<CpuWorker>(std::move(owned), model, tokenizer, std::move(pool)));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<WorkerBackend>> CpuWorkerBackend(
     const Model* model, const tokenizer::Tokenizer* tokenizer, const WorkerBackendOptions& o) {
   RETURN_IF_ERROR(ValidateWorkerBackendOptions(o));
   if (o.device != "cpu") {
     return absl::InvalidArgumentError("a borrowed model runs on --device cpu only");
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool,
-                   PagePool::Create(model->KvCacheOptions(o.kv_pages, o.page_size)));
-  return std::unique_ptr<WorkerBackend>(
-      std::make_unique<CpuWorker>(LoadedModel{}, model, tokenizer, std::move(pool)));
+  return MakeCpuWorker(LoadedModel{}, model, tokenizer, o);
 }
 
 absl::StatusOr<std::unique_ptr<WorkerBackend>> LoadWorkerBackend(
@@ -190,12 +201,9 @@ absl::StatusOr<std::unique_ptr<WorkerBackend>> LoadWorkerBackend(
 #endif
   }
   ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelDirectory(dir, format, o.dummy_seed));
-  ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool,
-                   PagePool::Create(loaded.model->KvCacheOptions(o.kv_pages, o.page_size)));
   const Model* model = loaded.model.get();
   const tokenizer::Tokenizer* tok = loaded.tokenizer.get();
-  return std::unique_ptr<WorkerBackend>(
-      std::make_unique<CpuWorker>(std::move(loaded), model, tok, std::move(pool)));
+  return MakeCpuWorker(std::move(loaded), model, tok, o);
 }
 
 }  // namespace tokenselect::engine
