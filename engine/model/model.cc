@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "engine/model/fp8.h"
+#include "engine/model/kv_scales.h"
 #include "kernels/ops.h"
 
 namespace tokenselect::engine {
@@ -63,15 +65,22 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWe
     TS_LOG(WARN, "sliding_window {} is not applied; attention follows the selection policy",
            config.sliding_window);
   }
+  std::vector<float> kv_scales;
+  if (options.kv_dtype == KvCacheDType::kFP8E4M3) {
+    ASSIGN_OR_RETURN(kv_scales, ComputeKvScales(config, weights));
+  }
   if (options.emulate_bf16) weights = RoundWeightsLikeTheGpu(std::move(weights));
-  return std::unique_ptr<Model>(new Model(std::move(config), std::move(weights), options));
+  return std::unique_ptr<Model>(
+      new Model(std::move(config), std::move(weights), options, std::move(kv_scales)));
 }
 
-Model::Model(ModelConfig config, ModelWeights weights, const ModelOptions& options)
+Model::Model(ModelConfig config, ModelWeights weights, const ModelOptions& options,
+             std::vector<float> kv_scales)
     : config_(std::move(config)),
       options_(options),
       weights_(std::move(weights)),
-      inv_freq_(kernels::RopeInverseFrequencies(ToRopeParams(config_))) {}
+      inv_freq_(kernels::RopeInverseFrequencies(ToRopeParams(config_))),
+      kv_scales_(std::move(kv_scales)) {}
 
 PagePoolOptions Model::KvCacheOptions(int64_t num_pages, int64_t page_size) const {
   PagePoolOptions options;
@@ -164,6 +173,7 @@ absl::Status Model::RunLayers(const ForwardRequest& request, int64_t cache_lengt
   auto round = [bf16](float* v, int64_t count) {
     if (bf16) RoundToBf16(v, count);
   };
+  const bool fp8 = options_.kv_dtype == KvCacheDType::kFP8E4M3;
 
   cpu::Embedding(x, weights_.embed_tokens.data(), request.tokens.data(), n, hidden);
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
@@ -179,6 +189,14 @@ absl::Status Model::RunLayers(const ForwardRequest& request, int64_t cache_lengt
     round(q, n * q_dim);
     round(k, n * kv_dim);
     round(v, n * kv_dim);
+    if (fp8) {  // the FP8 cache's round trip, per KV head's scale (kv_scales.h)
+      const int64_t d = c.head_dim, hkv = c.num_kv_heads;
+      for (int64_t i = 0; i < n * kv_dim; ++i) {
+        const int64_t head = (i % kv_dim) / d;
+        k[i] = QuantizeDequantizeE4m3(k[i], kv_scales_[KvScaleIndex(layer, 0, head, hkv)]);
+        v[i] = QuantizeDequantizeE4m3(v[i], kv_scales_[KvScaleIndex(layer, 1, head, hkv)]);
+      }
+    }
     // Keys go into the cache un-rotated; RoPE is applied when they are gathered.
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(k_cache + slots[i] * kv_dim, k + i * kv_dim, kv_dim * sizeof(float));

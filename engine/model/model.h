@@ -27,6 +27,7 @@
 #include "engine/kvcache/page_pool.h"
 #include "engine/kvcache/token_table.h"
 #include "engine/model/attention_list.h"
+#include "engine/model/kv_cache_dtype.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
 
@@ -74,18 +75,26 @@ struct ModelOptions {
   // (residual stream, accumulation, softmax) stays fp32. This makes the CPU the oracle of the
   // GPU's arithmetic (GPU tests); off, the CPU runs plain fp32 (the default, and the HF parity).
   bool emulate_bf16 = false;
+  // kFP8E4M3 simulates the GPU's FP8 KV cache (docs/fp8_kv.md): every K and V value is stored
+  // as float(e4m3(x / s)) * s with the per-(layer, KV head) scales of kv_scales.h, computed from
+  // the bf16-rounded weights as the GPU computes them; the pool stays fp32 (no memory saving),
+  // and the host KV wire format is unchanged. kBF16: values stored as computed.
+  KvCacheDType kv_dtype = KvCacheDType::kBF16;
 };
 
 class Model {
  public:
   // Takes ownership of `weights`, which must match `config` (InvalidArgument naming the tensor
-  // otherwise, see CheckWeightShapes).
+  // otherwise, see CheckWeightShapes; with an FP8 KV cache also for non-finite k/v weights).
   static absl::StatusOr<std::unique_ptr<Model>> Create(ModelConfig config, ModelWeights weights,
                                                        const ModelOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   const std::vector<float>& inv_freq() const { return inv_freq_; }  // [head_dim / 2]
+  const ModelOptions& options() const { return options_; }
+  // FP8 KV cache only: [num_layers, 2, num_kv_heads] (kv_scales.h); empty for kBF16.
+  const std::vector<float>& kv_scales() const { return kv_scales_; }
 
   // Options for a PagePool that fits this model's KV cache.
   PagePoolOptions KvCacheOptions(int64_t num_pages, int64_t page_size) const;
@@ -101,7 +110,8 @@ class Model {
                        std::vector<float>* logits) const;
 
  private:
-  Model(ModelConfig config, ModelWeights weights, const ModelOptions& options);
+  Model(ModelConfig config, ModelWeights weights, const ModelOptions& options,
+        std::vector<float> kv_scales);
   absl::Status CheckRequest(const ForwardRequest& request) const;
   absl::Status CheckList(const AttentionList& list, int64_t num_new, int64_t num_slots) const;
   absl::Status RunLayers(const ForwardRequest& request, int64_t cache_length,
@@ -111,6 +121,7 @@ class Model {
   const ModelOptions options_;
   const ModelWeights weights_;
   const std::vector<float> inv_freq_;
+  const std::vector<float> kv_scales_;
 };
 
 }  // namespace tokenselect::engine
