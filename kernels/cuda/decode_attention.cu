@@ -13,6 +13,8 @@
 // warps' states meet in shared memory and the block writes, per head, the normalised partial
 // output [d] fp32 and its log2-sum-exp to the workspace.
 // Bytes per token and kv head: 4 d (K + V) + 8 (slot, position); 512 + 8 B at d = 128.
+// FP8 cache: the lane loads 4 B of each half of K and V instead of 8 and dequantizes (e4m3 ->
+// half -> float, times the kv head's scale) before the same arithmetic: 2 d + 8 B per token.
 // This CUDA-core kernel is the fallback (params.use_tensor_cores = false); measured on H200 at 1M
 // tokens: 1.69 ms (2.55 TB/s), instruction-bound (~120 warp instructions per (token, kv head):
 // 64 FMAs per lane for q.k and p.v, ~32 for RoPE cos/sin, 32 for the shuffle reduction, the
@@ -27,9 +29,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention_internal.h"
+#include "kernels/cuda/kv_cache_load.cuh"
 
 namespace tokenselect::kernels::cuda {
 namespace {
@@ -51,10 +55,18 @@ __device__ __forceinline__ void Unpack4(uint2 raw, float* out) {
   out[3] = __uint_as_float(raw.y & 0xffff0000u);
 }
 
-// kUnroll: tokens per lane group per step (loads in flight per lane).
-template <int D, int G, int kUnroll>
+// 4 cache elements as fp32: bf16 (uint2) or e4m3 (uint32_t, times scale).
+__device__ __forceinline__ void Unpack4(uint32_t raw, float* out, float scale) {
+  kv_internal::Fp8x4ToFloat(raw, scale, out);
+}
+__device__ __forceinline__ void Unpack4(uint2 raw, float* out, float) { Unpack4(raw, out); }
+
+// kUnroll: tokens per lane group per step (loads in flight per lane). kFp8: e4m3 cache.
+template <int D, int G, int kUnroll, bool kFp8>
 __global__ void __launch_bounds__(kWarps * 32, G <= 4 ? (kUnroll > 2 ? 3 : 4) : 2)
     DecodeSplitKernel(DecodeAttentionParams p, DecodeWorkspace ws) {
+  using Elem = std::conditional_t<kFp8, uint8_t, __nv_bfloat16>;
+  using Raw = std::conditional_t<kFp8, uint32_t, uint2>;  // 4 elements
   constexpr int L = D / 8;
   constexpr int TPW = 32 / L;  // tokens per warp per sub-step
   constexpr int kHalf = D / 2;
@@ -66,6 +78,9 @@ __global__ void __launch_bounds__(kWarps * 32, G <= 4 ? (kUnroll > 2 ? 3 : 4) : 
   const int sub = lane % L, group = lane / L;
   const int num_heads = static_cast<int>(p.num_heads);
   const int64_t row = p.num_kv_heads * D;  // elements per cache slot
+  const Elem* k_cache = static_cast<const Elem*>(p.k_cache);
+  const Elem* v_cache = static_cast<const Elem*>(p.v_cache);
+  const float k_scale = kFp8 ? p.k_scale[kv] : 1.0f, v_scale = kFp8 ? p.v_scale[kv] : 1.0f;
 
   float freq[4];
 #pragma unroll
@@ -123,7 +138,7 @@ __global__ void __launch_bounds__(kWarps * 32, G <= 4 ? (kUnroll > 2 ? 3 : 4) : 
     }
   }
   for (; base < end; base += kStep) {
-    uint2 k_raw[kUnroll][2], v_raw[kUnroll][2];
+    Raw k_raw[kUnroll][2], v_raw[kUnroll][2];
     float pos[kUnroll];
     bool valid[kUnroll];
 #pragma unroll
@@ -131,10 +146,10 @@ __global__ void __launch_bounds__(kWarps * 32, G <= 4 ? (kUnroll > 2 ? 3 : 4) : 
       valid[u] = base + u * TPW + group < end;
       pos[u] = static_cast<float>(pos_next[u]);
       const int64_t off = static_cast<int64_t>(slot[u]) * row + kv * D + 4 * sub;
-      k_raw[u][0] = __ldg(reinterpret_cast<const uint2*>(p.k_cache + off));
-      k_raw[u][1] = __ldg(reinterpret_cast<const uint2*>(p.k_cache + off + kHalf));
-      v_raw[u][0] = __ldg(reinterpret_cast<const uint2*>(p.v_cache + off));
-      v_raw[u][1] = __ldg(reinterpret_cast<const uint2*>(p.v_cache + off + kHalf));
+      k_raw[u][0] = __ldg(reinterpret_cast<const Raw*>(k_cache + off));
+      k_raw[u][1] = __ldg(reinterpret_cast<const Raw*>(k_cache + off + kHalf));
+      v_raw[u][0] = __ldg(reinterpret_cast<const Raw*>(v_cache + off));
+      v_raw[u][1] = __ldg(reinterpret_cast<const Raw*>(v_cache + off + kHalf));
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -145,8 +160,8 @@ __global__ void __launch_bounds__(kWarps * 32, G <= 4 ? (kUnroll > 2 ? 3 : 4) : 
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       float k[8];
-      Unpack4(k_raw[u][0], k);
-      Unpack4(k_raw[u][1], k + 4);
+      Unpack4(k_raw[u][0], k, k_scale);
+      Unpack4(k_raw[u][1], k + 4, k_scale);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float sn, cs;
@@ -170,8 +185,8 @@ __global__ void __launch_bounds__(kWarps * 32, G <= 4 ? (kUnroll > 2 ? 3 : 4) : 
       }
       if (valid[u]) {
         float v[8];
-        Unpack4(v_raw[u][0], v);
-        Unpack4(v_raw[u][1], v + 4);
+        Unpack4(v_raw[u][0], v, v_scale);
+        Unpack4(v_raw[u][1], v + 4, v_scale);
 #pragma unroll
         for (int gi = 0; gi < G; ++gi) {
           if (s[gi] > m[gi]) {
@@ -247,7 +262,7 @@ __global__ void DecodeMergeKernel(DecodeAttentionParams p, DecodeWorkspace ws) {
   }
 }
 
-template <int D, int G>
+template <int D, int G, bool kFp8>
 cudaError_t LaunchDecode(const DecodeAttentionParams& p, cudaStream_t stream) {
   const DecodeWorkspace ws = CarveDecodeWorkspace(p);
   const dim3 grid(p.num_splits, static_cast<unsigned>(p.num_kv_heads),
@@ -255,9 +270,9 @@ cudaError_t LaunchDecode(const DecodeAttentionParams& p, cudaStream_t stream) {
   // Two tokens per lane group per step measured faster than four (more blocks per SM:
   // 1M tokens, 132 splits: 1.68 vs 1.79 ms on H200).
   if (p.use_tensor_cores) {
-    TS_CUDA_RETURN_IF_ERROR((internal::LaunchDecodeSplitMma<D, G>(p, ws, stream)));
+    TS_CUDA_RETURN_IF_ERROR((internal::LaunchDecodeSplitMma<D, G, kFp8>(p, ws, stream)));
   } else {
-    DecodeSplitKernel<D, G, 2><<<grid, kWarps * 32, 0, stream>>>(p, ws);
+    DecodeSplitKernel<D, G, 2, kFp8><<<grid, kWarps * 32, 0, stream>>>(p, ws);
     TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   const dim3 merge_grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch));
@@ -265,14 +280,24 @@ cudaError_t LaunchDecode(const DecodeAttentionParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int D>
+template <int D, bool kFp8>
 cudaError_t DispatchDecodeGroup(const DecodeAttentionParams& p, int64_t group,
                                 cudaStream_t stream) {
   switch (group) {
-    case 1: return LaunchDecode<D, 1>(p, stream);
-    case 2: return LaunchDecode<D, 2>(p, stream);
-    case 4: return LaunchDecode<D, 4>(p, stream);
-    case 8: return LaunchDecode<D, 8>(p, stream);
+    case 1: return LaunchDecode<D, 1, kFp8>(p, stream);
+    case 2: return LaunchDecode<D, 2, kFp8>(p, stream);
+    case 4: return LaunchDecode<D, 4, kFp8>(p, stream);
+    case 8: return LaunchDecode<D, 8, kFp8>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <bool kFp8>
+cudaError_t DispatchDecodeDim(const DecodeAttentionParams& p, int64_t group,
+                              cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64: return DispatchDecodeGroup<64, kFp8>(p, group, stream);
+    case 128: return DispatchDecodeGroup<128, kFp8>(p, group, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -303,11 +328,11 @@ cudaError_t DecodeAttention(const DecodeAttentionParams& p, cudaStream_t stream)
   }
   if (p.batch == 0) return cudaSuccess;
   const int64_t group = p.num_heads / p.num_kv_heads;
-  switch (p.head_dim) {
-    case 64: return DispatchDecodeGroup<64>(p, group, stream);
-    case 128: return DispatchDecodeGroup<128>(p, group, stream);
-    default: return cudaErrorInvalidValue;
+  if (p.kv_type == KvCacheType::kFp8E4M3) {
+    if (p.k_scale == nullptr || p.v_scale == nullptr) return cudaErrorInvalidValue;
+    return DispatchDecodeDim<true>(p, group, stream);
   }
+  return DispatchDecodeDim<false>(p, group, stream);
 }
 
 }  // namespace tokenselect::kernels::cuda

@@ -8,6 +8,9 @@
 // q_positions[b]. Long lists are split into num_splits ranges (split-KV, one block per (range, kv
 // head, request)), each writing a normalised partial output and its log-sum-exp; a merge kernel
 // combines them. A request with an empty list gets zeros (as on the CPU).
+//
+// FP8 cache (kv_type = kFp8E4M3, kv_cache_type.h): K and V are dequantized as they are gathered
+// (half the bytes read); the result is bit for bit the bf16 result over the dequantized cache.
 #ifndef TOKENSELECT_KERNELS_CUDA_DECODE_ATTENTION_H_
 #define TOKENSELECT_KERNELS_CUDA_DECODE_ATTENTION_H_
 
@@ -17,14 +20,19 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/kv_cache_type.h"
+
 namespace tokenselect::kernels::cuda {
 
 struct DecodeAttentionParams {
   __nv_bfloat16* out = nullptr;             // [batch, num_heads, head_dim]
   const __nv_bfloat16* q = nullptr;         // [batch, num_heads, head_dim], un-rotated
   const int32_t* q_positions = nullptr;     // [batch]
-  const __nv_bfloat16* k_cache = nullptr;   // [num_slots, num_kv_heads, head_dim], un-rotated
-  const __nv_bfloat16* v_cache = nullptr;   // [num_slots, num_kv_heads, head_dim]
+  const void* k_cache = nullptr;   // [num_slots, num_kv_heads, head_dim] of kv_type, un-rotated
+  const void* v_cache = nullptr;   // [num_slots, num_kv_heads, head_dim] of kv_type
+  KvCacheType kv_type = KvCacheType::kBf16;
+  const float* k_scale = nullptr;  // FP8 only: [num_kv_heads] fp32, device memory
+  const float* v_scale = nullptr;
   const int32_t* indptr = nullptr;          // [batch + 1]
   const int32_t* indices = nullptr;         // [indptr[batch]]: cache slot of each entry
   const int32_t* kv_positions = nullptr;    // [indptr[batch]]: RoPE position of each entry

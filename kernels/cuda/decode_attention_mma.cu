@@ -40,13 +40,23 @@
 // beyond the stages was clearly slower (1.41 / 1.80 ms). Everything lands at ~3.4-3.6 TB/s
 // against 4.5 TB/s for a pure streaming read; the cap is not the paging and not the bytes in
 // flight (more made it worse).
+//
+// FP8 cache (kFp8): the stages hold the tile's raw e4m3 rows ([16][D] bytes of K and of V, one
+// 16 B cp.async per lane and row piece: half the bytes of bf16) and there are kStages + 1 of
+// them (the same bytes in flight in fewer copies); once a tile lands, the warp dequantizes it
+// (e4m3 -> half -> float, times the kv head's scale, exact in bf16) into one bf16 stage of the
+// layout above, and everything after that is the bf16 code: bit for bit the bf16 result over
+// the dequantized cache. Shared memory: 4 x (4 x 4160 + 8704) B of stages at d = 128, ~110 KiB
+// per block (two blocks per SM still).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention_internal.h"
+#include "kernels/cuda/kv_cache_load.cuh"
 
 namespace tokenselect::kernels::cuda::internal {
 namespace {
@@ -111,20 +121,37 @@ struct StageLayout {
   static constexpr int kBytes = 2 * kRowsBytes + kTile * 4;
 };
 
+// FP8: one warp's raw stage: K and V rows [kTile][D] e4m3, then the positions.
+template <int D>
+struct Fp8StageLayout {
+  static constexpr int kRowsBytes = kTile * D;
+  static constexpr int kBytes = 2 * kRowsBytes + kTile * 4;
+};
+template <bool kFp8>
+__host__ __device__ constexpr int StagesOf() { return kFp8 ? kStages + 1 : kStages; }
+
+// One warp's share of the front: its stages (FP8: raw stages, then one bf16 stage).
+template <int D, bool kFp8>
+__host__ __device__ constexpr size_t WarpStageBytes() {
+  return kFp8 ? static_cast<size_t>(StagesOf<true>()) * Fp8StageLayout<D>::kBytes +
+                    StageLayout<D>::kBytes
+              : static_cast<size_t>(kStages) * StageLayout<D>::kBytes;
+}
+
 // Stages (after the loop: the warps' states), then Q's fragments [D / 16][32] and inv_freq.
-template <int D, int G>
+template <int D, int G, bool kFp8>
 __host__ __device__ constexpr size_t MmaFrontBytes() {
-  constexpr size_t stages = static_cast<size_t>(kDecodeWarps) * kStages * StageLayout<D>::kBytes;
+  constexpr size_t stages = static_cast<size_t>(kDecodeWarps) * WarpStageBytes<D, kFp8>();
   constexpr size_t reduce =
       sizeof(float) * kDecodeWarps * G * D + sizeof(float2) * kDecodeWarps * G;
   return stages > reduce ? stages : reduce;
 }
-template <int D, int G>
+template <int D, int G, bool kFp8>
 __host__ __device__ constexpr size_t MmaSharedBytes() {
-  return MmaFrontBytes<D, G>() + sizeof(uint4) * (D / 16) * 32 + sizeof(float) * D / 2;
+  return MmaFrontBytes<D, G, kFp8>() + sizeof(uint4) * (D / 16) * 32 + sizeof(float) * D / 2;
 }
 
-template <int D, int G>
+template <int D, int G, bool kFp8>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     DecodeSplitMmaKernel(DecodeAttentionParams p, DecodeWorkspace ws) {
   constexpr int KS = D / 16;     // k-steps of S^T
@@ -133,8 +160,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   constexpr int CPR = D / 8;     // 16 B chunks per row
   constexpr int TPI = 32 / CPR;  // rows a warp copies per instruction
   using Stage = StageLayout<D>;
+  using RawStage = Fp8StageLayout<D>;
+  constexpr int NS = StagesOf<kFp8>();
+  constexpr int CPR8 = D / 16;    // FP8: 16 B chunks per row
+  constexpr int TPI8 = 32 / CPR8;  // FP8: rows a warp copies per instruction
+  // Per warp: where stage st starts, and its rows' and positions' offsets.
+  constexpr int kStageBytes = kFp8 ? RawStage::kBytes : Stage::kBytes;
+  constexpr int kRowsBytes = kFp8 ? RawStage::kRowsBytes : Stage::kRowsBytes;
   extern __shared__ __align__(16) unsigned char sm_dyn[];
-  uint4* sm_q = reinterpret_cast<uint4*>(sm_dyn + MmaFrontBytes<D, G>());  // [KS][32]
+  uint4* sm_q = reinterpret_cast<uint4*>(sm_dyn + MmaFrontBytes<D, G, kFp8>());  // [KS][32]
   float* sm_freq = reinterpret_cast<float*>(sm_q + KS * 32);             // [D / 2]
 
   const int kv = blockIdx.y, b = blockIdx.z;
@@ -197,7 +231,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   constexpr int64_t kWarpStride = kDecodeWarps * kTile;
 
   const uint32_t my_stages = static_cast<uint32_t>(__cvta_generic_to_shared(sm_dyn)) +
-                             warp * kStages * Stage::kBytes;
+                             warp * static_cast<uint32_t>(WarpStageBytes<D, kFp8>());
+  // FP8: the warp's bf16 stage, after its raw stages (the generic pointer for the converting
+  // stores, the shared address for ldmatrix).
+  unsigned char* my_bf16 = sm_dyn + warp * WarpStageBytes<D, kFp8>() + NS * RawStage::kBytes;
+  const uint32_t my_bf16_addr = my_stages + NS * RawStage::kBytes;
+  const float k_scale = kFp8 ? p.k_scale[kv] : 1.0f, v_scale = kFp8 ? p.v_scale[kv] : 1.0f;
   // ldmatrix row address of this lane within a stage's K (or V) rows: matrix l / 8 is
   // (tokens 8 (l / 16) .., dims 8 ((l / 8) % 2) ..), row l % 8.
   const uint32_t ld_off =
@@ -215,18 +254,34 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   // that the counting stays uniform), then fetches the ids of the warp's next tile.
   auto issue = [&](int st) {
     if (copy_jb < end) {
-      const uint32_t stage = my_stages + st * Stage::kBytes;
+      const uint32_t stage = my_stages + st * kStageBytes;
+      if constexpr (kFp8) {
+        const uint8_t* k_cache = static_cast<const uint8_t*>(p.k_cache);
+        const uint8_t* v_cache = static_cast<const uint8_t*>(p.v_cache);
 #pragma unroll
-      for (int i = 0; i < kTile / TPI; ++i) {
-        const int r = i * TPI + lane / CPR;
-        const int32_t slot = __shfl_sync(0xffffffffu, ids, r);
-        const int64_t off = static_cast<int64_t>(slot) * row + kv * D + (lane % CPR) * 8;
-        const uint32_t dst = stage + (r * Stage::kRowElems + (lane % CPR) * 8) * 2;
-        CpAsync16(dst, p.k_cache + off);
-        CpAsync16(dst + Stage::kRowsBytes, p.v_cache + off);
+        for (int i = 0; i < kTile / TPI8; ++i) {
+          const int r = i * TPI8 + lane / CPR8;
+          const int32_t slot = __shfl_sync(0xffffffffu, ids, r);
+          const int64_t off = static_cast<int64_t>(slot) * row + kv * D + (lane % CPR8) * 16;
+          const uint32_t dst = stage + r * D + (lane % CPR8) * 16;
+          CpAsync16(dst, k_cache + off);
+          CpAsync16(dst + RawStage::kRowsBytes, v_cache + off);
+        }
+      } else {
+        const __nv_bfloat16* k_cache = static_cast<const __nv_bfloat16*>(p.k_cache);
+        const __nv_bfloat16* v_cache = static_cast<const __nv_bfloat16*>(p.v_cache);
+#pragma unroll
+        for (int i = 0; i < kTile / TPI; ++i) {
+          const int r = i * TPI + lane / CPR;
+          const int32_t slot = __shfl_sync(0xffffffffu, ids, r);
+          const int64_t off = static_cast<int64_t>(slot) * row + kv * D + (lane % CPR) * 8;
+          const uint32_t dst = stage + (r * Stage::kRowElems + (lane % CPR) * 8) * 2;
+          CpAsync16(dst, k_cache + off);
+          CpAsync16(dst + Stage::kRowsBytes, v_cache + off);
+        }
       }
       if (lane >= 16) {
-        const uint32_t dst = stage + 2 * Stage::kRowsBytes + (lane - 16) * 4;
+        const uint32_t dst = stage + 2 * kRowsBytes + (lane - 16) * 4;
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(ids) : "memory");
       }
     }
@@ -236,24 +291,45 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   };
 
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) issue(st);
+  for (int st = 0; st < NS - 1; ++st) issue(st);
   int stage_idx = 0;
   for (int64_t jb = begin + warp * kTile; jb < end; jb += kWarpStride) {
-    __syncwarp();  // every lane is done reading the stage refilled next
-    issue(stage_idx == 0 ? kStages - 1 : stage_idx - 1);
-    CpAsyncWait<kStages - 1>();
+    __syncwarp();  // every lane is done reading the stage refilled next (FP8: and the bf16 one)
+    issue(stage_idx == 0 ? NS - 1 : stage_idx - 1);
+    CpAsyncWait<NS - 1>();
     __syncwarp();  // the other lanes' copies of this tile are visible
-    const uint32_t stage = my_stages + stage_idx * Stage::kBytes;
-    const uint32_t k_addr = stage + ld_off;
-    const uint32_t v_addr = stage + Stage::kRowsBytes + ld_off;
-    stage_idx = stage_idx + 1 == kStages ? 0 : stage_idx + 1;
+    const uint32_t stage = my_stages + stage_idx * kStageBytes;
+    uint32_t rows = stage;  // the tile's bf16 K rows (V rows follow)
+    if constexpr (kFp8) {
+      // Dequantize the raw rows into the bf16 stage: per lane 16 e4m3 in, 2 x 16 B out.
+      const unsigned char* raw = sm_dyn + (stage - my_stages) + warp * WarpStageBytes<D, kFp8>();
+#pragma unroll
+      for (int kvi = 0; kvi < 2; ++kvi) {
+        const float scale = kvi == 0 ? k_scale : v_scale;
+#pragma unroll
+        for (int i = 0; i < kTile * CPR8 / 32; ++i) {
+          const int c = i * 32 + lane, r = c / CPR8, cc = c % CPR8;
+          const uint4 in =
+              *reinterpret_cast<const uint4*>(raw + kvi * RawStage::kRowsBytes + r * D + cc * 16);
+          uint4* out = reinterpret_cast<uint4*>(my_bf16 + kvi * Stage::kRowsBytes +
+                                                (r * Stage::kRowElems + cc * 16) * 2);
+          out[0] = kv_internal::Fp8x8ToBf16x8(make_uint2(in.x, in.y), scale);
+          out[1] = kv_internal::Fp8x8ToBf16x8(make_uint2(in.z, in.w), scale);
+        }
+      }
+      __syncwarp();  // the bf16 stage is complete
+      rows = my_bf16_addr;
+    }
+    const uint32_t k_addr = rows + ld_off;
+    const uint32_t v_addr = rows + Stage::kRowsBytes + ld_off;
+    stage_idx = stage_idx + 1 == NS ? 0 : stage_idx + 1;
     float kpos[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       int32_t pos;
       asm volatile("ld.shared.b32 %0, [%1];\n"
                    : "=r"(pos)
-                   : "r"(stage + 2 * Stage::kRowsBytes + (8 * hf + g) * 4));
+                   : "r"(stage + 2 * kRowsBytes + (8 * hf + g) * 4));
       kpos[hf] = static_cast<float>(pos);
     }
 
@@ -373,26 +449,35 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
 
 }  // namespace
 
-template <int D, int G>
+template <int D, int G, bool kFp8>
 cudaError_t LaunchDecodeSplitMma(const DecodeAttentionParams& p, const DecodeWorkspace& ws,
                                  cudaStream_t stream) {
-  constexpr size_t smem = MmaSharedBytes<D, G>();
-  static bool configured = false;  // per instantiation
-  if (!configured) {
-    TS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(DecodeSplitMmaKernel<D, G>,
+  constexpr size_t smem = MmaSharedBytes<D, G, kFp8>();
+  // The shared-memory opt-in is a per-device attribute of the kernel: one bit per device that
+  // has it (one process may drive several GPUs, e.g. the ranks of tensor parallelism, from
+  // several threads). A launch on a device without it fails, and under tensor parallelism a
+  // rank that fails leaves the others waiting in their next all-reduce.
+  static std::atomic<uint64_t> configured{0};  // per instantiation
+  int device = 0;
+  TS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((configured.load(std::memory_order_acquire) & bit) == 0) {
+    TS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(DecodeSplitMmaKernel<D, G, kFp8>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem)));
-    configured = true;
+    configured.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(p.num_splits, static_cast<unsigned>(p.num_kv_heads),
                   static_cast<unsigned>(p.batch));
-  DecodeSplitMmaKernel<D, G><<<grid, kDecodeWarps * 32, smem, stream>>>(p, ws);
+  DecodeSplitMmaKernel<D, G, kFp8><<<grid, kDecodeWarps * 32, smem, stream>>>(p, ws);
   return cudaGetLastError();
 }
 
-#define TS_INSTANTIATE_DECODE_MMA(D, G)                                                 \
-  template cudaError_t LaunchDecodeSplitMma<D, G>(const DecodeAttentionParams&,         \
-                                                  const DecodeWorkspace&, cudaStream_t);
+#define TS_INSTANTIATE_DECODE_MMA(D, G)                                                    \
+  template cudaError_t LaunchDecodeSplitMma<D, G, false>(const DecodeAttentionParams&,     \
+                                                         const DecodeWorkspace&, cudaStream_t); \
+  template cudaError_t LaunchDecodeSplitMma<D, G, true>(const DecodeAttentionParams&,      \
+                                                        const DecodeWorkspace&, cudaStream_t);
 TS_INSTANTIATE_DECODE_MMA(64, 1)
 TS_INSTANTIATE_DECODE_MMA(64, 2)
 TS_INSTANTIATE_DECODE_MMA(64, 4)

@@ -117,7 +117,10 @@ size_t InfLlmSelectWorkspaceBytes(int64_t num_blocks, int64_t k, int64_t block_s
 
 cudaError_t InfLlmSelect(const InfLlmSelectParams& p, cudaStream_t stream) {
   const SelectionProblem& pr = p.problem;
-  if (!ValidProblem(pr) || p.block_size <= 0 || p.reps <= 0) return cudaErrorInvalidValue;
+  if (!ValidProblem(pr) || pr.kv_type != KvCacheType::kBf16 || p.block_size <= 0 ||
+      p.reps <= 0) {
+    return cudaErrorInvalidValue;
+  }
   if (Covers(pr)) return LaunchSelectAll(p.out, pr.num_tokens, stream);
   const int64_t blocks = InfLlmNumBlocks(pr, p.block_size);
   const int64_t keep = std::min(pr.k / p.block_size, blocks);

@@ -33,6 +33,10 @@
 // of keys (80% of a measured 4.57 TB/s pure read). bench_read_pattern_cuda shows the access
 // pattern itself reaches ~4.2 TB/s with enough loads in flight per SM.
 
+// FP8 keys (kFp8): each lane loads 8 B (its 8 dims as e4m3) instead of 16 and dequantizes them
+// (e4m3 -> half -> float, times its kv head's scale) before the same arithmetic: the same
+// coalescing (a warp reads 32 x 8 contiguous bytes per kv-head group) and half the bytes.
+
 // The skip flag (selection.h): every kernel returns before writing anything when it is set; the
 // score kernel's workspace counter then stays at 0, ready for the next launch.
 //
@@ -45,8 +49,10 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/kv_cache_load.cuh"
 #include "kernels/cuda/selection.h"
 
 namespace tokenselect::kernels::cuda {
@@ -78,6 +84,14 @@ __device__ __forceinline__ void UnpackBf16x8(const uint4& raw, float* out) {
     out[2 * i] = __uint_as_float(w[i] << 16);
     out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
+}
+
+// 8 FP8 keys (one lane's dims) as fp32, times their kv head's scale.
+__device__ __forceinline__ void UnpackKeys8(const uint2& raw, float scale, float* out) {
+  kv_internal::Fp8x8ToFloat(raw, scale, out);
+}
+__device__ __forceinline__ void UnpackKeys8(const uint4& raw, float, float* out) {
+  UnpackBf16x8(raw, out);
 }
 
 // mask ? a : b, bitwise.
@@ -114,9 +128,10 @@ __device__ __forceinline__ float2 CombineStats(float2 a, float2 b) {
   return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
 }
 
-template <int D, int G>
+template <int D, int G, bool kFp8>
 __global__ void __launch_bounds__(kMaxScoreThreads)
     ScoreKeysKernel(KeyScoreParams p, ScoreWorkspace ws, int kv_warps, int rows, int64_t chunk) {
+  using Raw = std::conditional_t<kFp8, uint2, uint4>;  // a lane's 8 dims
   constexpr int L = D / 8;           // lanes per kv head
   constexpr int KPW = 32 / L;        // kv heads per warp
   constexpr int NV = StepValues<G>();
@@ -148,12 +163,13 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
 
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = min(p.n, begin + chunk);
-  const uint4* keys = reinterpret_cast<const uint4*>(p.k_cache);
+  const Raw* keys = static_cast<const Raw*>(p.k_cache);
   const int64_t row_vecs = p.num_kv_heads * (D / 8);
   // Loads are unconditional (token and kv head clamped into range, results masked later) so that
   // the compiler issues a step's T key loads back to back; the next step's slot ids are fetched
   // before this step's arithmetic, so the slot -> key dependency costs no extra latency.
   const int kv_load = kv_ok ? kv : static_cast<int>(p.num_kv_heads) - 1;
+  const float k_scale = kFp8 ? p.k_scale[kv_load] : 1.0f;
   const int64_t stride = static_cast<int64_t>(rows) * T;
   int64_t base = begin + static_cast<int64_t>(row) * T;
   int32_t slot[T];
@@ -164,7 +180,7 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
   // its reduce-scatter and statistics update (the key registers are free by then; v[] holds the
   // sums). Without it a step's loads are issued at the top of the step.
   constexpr bool kPipeline = G == 2 || G == 4;
-  uint4 raw[T];
+  Raw raw[T];
   auto load_keys = [&]() {
 #pragma unroll
     for (int t = 0; t < T; ++t) {
@@ -186,7 +202,7 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       float k8[8];
-      UnpackBf16x8(raw[t], k8);
+      UnpackKeys8(raw[t], k_scale, k8);
 #pragma unroll
       for (int gi = 0; gi < G; ++gi) {
         float acc = 0.0f;
@@ -340,7 +356,7 @@ __global__ void VoteScalarKernel(VoteParams p) {
   }
 }
 
-template <int D, int G>
+template <int D, int G, bool kFp8>
 cudaError_t LaunchScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
   constexpr int L = D / 8;
   constexpr int KPW = 32 / L;
@@ -360,7 +376,7 @@ cudaError_t LaunchScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
     TS_CUDA_RETURN_IF_ERROR(
         cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
     TS_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks_per_sm, ScoreKeysKernel<D, G>, threads, smem));
+        &blocks_per_sm, ScoreKeysKernel<D, G, kFp8>, threads, smem));
     blocks_per_sm = std::max(blocks_per_sm, 1);
   }
   const int64_t step = static_cast<int64_t>(rows) * T;
@@ -369,18 +385,27 @@ cudaError_t LaunchScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
   int64_t chunk = (p.n + blocks - 1) / blocks;
   chunk = (chunk + step - 1) / step * step;
   blocks = (p.n + chunk - 1) / chunk;
-  ScoreKeysKernel<D, G><<<static_cast<int>(blocks), threads, smem, stream>>>(
+  ScoreKeysKernel<D, G, kFp8><<<static_cast<int>(blocks), threads, smem, stream>>>(
       p, CarveScoreWorkspace(p.workspace), kv_warps, rows, chunk);
   return cudaGetLastError();
 }
 
-template <int D>
+template <int D, bool kFp8>
 cudaError_t DispatchGroup(const KeyScoreParams& p, int64_t group, cudaStream_t stream) {
   switch (group) {
-    case 1: return LaunchScoreKeys<D, 1>(p, stream);
-    case 2: return LaunchScoreKeys<D, 2>(p, stream);
-    case 4: return LaunchScoreKeys<D, 4>(p, stream);
-    case 8: return LaunchScoreKeys<D, 8>(p, stream);
+    case 1: return LaunchScoreKeys<D, 1, kFp8>(p, stream);
+    case 2: return LaunchScoreKeys<D, 2, kFp8>(p, stream);
+    case 4: return LaunchScoreKeys<D, 4, kFp8>(p, stream);
+    case 8: return LaunchScoreKeys<D, 8, kFp8>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <bool kFp8>
+cudaError_t DispatchDim(const KeyScoreParams& p, int64_t group, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64: return DispatchGroup<64, kFp8>(p, group, stream);
+    case 128: return DispatchGroup<128, kFp8>(p, group, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -398,11 +423,11 @@ cudaError_t ScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
   }
   if (p.n == 0) return cudaSuccess;
   const int64_t group = p.num_heads / p.num_kv_heads;
-  switch (p.head_dim) {
-    case 64: return DispatchGroup<64>(p, group, stream);
-    case 128: return DispatchGroup<128>(p, group, stream);
-    default: return cudaErrorInvalidValue;
+  if (p.kv_type == KvCacheType::kFp8E4M3) {
+    if (p.k_scale == nullptr) return cudaErrorInvalidValue;
+    return DispatchDim<true>(p, group, stream);
   }
+  return DispatchDim<false>(p, group, stream);
 }
 
 cudaError_t VoteFromLogits(const VoteParams& p, cudaStream_t stream) {

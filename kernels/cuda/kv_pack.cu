@@ -6,8 +6,9 @@
 // token); the token's slot gives the cache row. A warp copies the row in 16-byte pieces, each
 // lane issuing kUnroll loads before its stores (32 lanes x 4 x 16 B = a whole 1024-element bf16
 // row in flight per warp, which a capped grid needs to keep HBM busy), when the row length and
-// both row pointers allow it, else 2-byte elements. Bytes: row * 2 read and
-// written per row; no reuse, so the kernel runs at copy bandwidth (bench/nccl_kv_bench.cc).
+// both row pointers allow it, else element by element (2 or 1 bytes). Bytes: row * elem_bytes
+// read and written per row; no reuse, so the kernel runs at copy bandwidth
+// (bench/nccl_kv_bench.cc).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -31,29 +32,31 @@ struct CopyParams {
   int64_t row;
   int64_t num_slots;
   int max_blocks;
+  int elem_bytes;
 };
 
 template <bool kGather>
 __device__ __forceinline__ void CopyRow(const CopyParams& p, int64_t r, int lane) {
   const int64_t t = r % p.num_tokens;
   const int64_t layer_kv = r / p.num_tokens;
-  __nv_bfloat16* const cache = ((layer_kv & 1) ? p.v_layers : p.k_layers)[layer_kv >> 1];
-  __nv_bfloat16* const staged = p.staging + r * p.row;
+  const int64_t row_bytes = p.row * p.elem_bytes;
+  char* const cache = reinterpret_cast<char*>(((layer_kv & 1) ? p.v_layers : p.k_layers)[layer_kv >> 1]);
+  char* const staged = reinterpret_cast<char*>(p.staging) + r * row_bytes;
   const int32_t slot = p.slots[t];
   if (slot < 0 || slot >= p.num_slots) {
     if constexpr (kGather) {
-      for (int64_t j = lane; j < p.row; j += 32) staged[j] = __float2bfloat16_rn(0.0f);
+      for (int64_t j = lane; j < row_bytes; j += 32) staged[j] = 0;
     }
     return;
   }
-  __nv_bfloat16* const cached = cache + static_cast<int64_t>(slot) * p.row;
-  __nv_bfloat16* const dst = kGather ? staged : cached;
-  const __nv_bfloat16* const src = kGather ? cached : staged;
+  char* const cached = cache + static_cast<int64_t>(slot) * row_bytes;
+  char* const dst = kGather ? staged : cached;
+  const char* const src = kGather ? cached : staged;
   const bool vector =
-      p.row % 8 == 0 &&
+      row_bytes % 16 == 0 &&
       (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 16 == 0;
   if (vector) {
-    const int64_t pieces = p.row / 8;
+    const int64_t pieces = row_bytes / 16;
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
     for (int64_t base = 0; base < pieces; base += 32 * kUnroll) {
@@ -69,8 +72,12 @@ __device__ __forceinline__ void CopyRow(const CopyParams& p, int64_t r, int lane
         if (c < pieces) d[c] = v[u];
       }
     }
+  } else if (p.elem_bytes == 2) {
+    const __nv_bfloat16* s = reinterpret_cast<const __nv_bfloat16*>(src);
+    __nv_bfloat16* d = reinterpret_cast<__nv_bfloat16*>(dst);
+    for (int64_t j = lane; j < p.row; j += 32) d[j] = s[j];
   } else {
-    for (int64_t j = lane; j < p.row; j += 32) dst[j] = src[j];
+    for (int64_t j = lane; j < row_bytes; j += 32) dst[j] = src[j];
   }
 }
 
@@ -86,7 +93,8 @@ __global__ void __launch_bounds__(kThreads) KvCopyKernel(CopyParams p) {
 }
 
 cudaError_t Launch(const CopyParams& p, bool gather, cudaStream_t stream) {
-  if (p.num_layers < 0 || p.num_tokens < 0 || p.row < 0 || p.num_slots < 0 || p.max_blocks < 0) {
+  if (p.num_layers < 0 || p.num_tokens < 0 || p.row < 0 || p.num_slots < 0 || p.max_blocks < 0 ||
+      (p.elem_bytes != 1 && p.elem_bytes != 2)) {
     return cudaErrorInvalidValue;
   }
   if (p.num_layers == 0 || p.num_tokens == 0 || p.row == 0) return cudaSuccess;
@@ -118,15 +126,19 @@ cudaError_t KvGather(const KvGatherParams& params, cudaStream_t stream) {
                      params.num_tokens,
                      params.row,
                      params.num_slots,
-                     params.max_blocks};
+                     params.max_blocks,
+                     params.elem_bytes};
   return Launch(p, /*gather=*/true, stream);
 }
 
 cudaError_t KvScatter(const KvScatterParams& params, cudaStream_t stream) {
   // The kernel only reads the staging buffer when scattering.
-  const CopyParams p{params.k_layers, params.v_layers,   const_cast<__nv_bfloat16*>(params.staging),
-                     params.slots,    params.num_layers, params.num_tokens,
-                     params.row,      params.num_slots,  params.max_blocks};
+  const CopyParams p{params.k_layers,   params.v_layers,
+                     const_cast<__nv_bfloat16*>(params.staging),
+                     params.slots,      params.num_layers,
+                     params.num_tokens, params.row,
+                     params.num_slots,  params.max_blocks,
+                     params.elem_bytes};
   return Launch(p, /*gather=*/false, stream);
 }
 

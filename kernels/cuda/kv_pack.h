@@ -5,7 +5,9 @@
 //   KvScatter  caches <- staging: the receiver unpacks into its own slots (which differ from the
 //              sender's: each side maps prompt positions to slots through its own token table).
 //
-// Staging layout: [num_layers, 2, num_tokens, row] bf16, row = num_kv_heads * head_dim: for each
+// Staging layout: [num_layers, 2, num_tokens, row] elements of the cache's type (bf16, or 1-byte
+// e4m3 for an FP8 cache: elem_bytes = 1, moved as raw bytes, so an FP8 cache travels as FP8;
+// kv_cache_type.h), row = num_kv_heads * head_dim: for each
 // layer all K rows (index 0) then all V rows (index 1), one row per token in position order. This
 // is the payload order of the host KvChunk (proto/tokenselect/v1/worker.proto), so both transports
 // carry the same bytes.
@@ -36,6 +38,7 @@ struct KvGatherParams {
   int64_t num_tokens = 0;
   int64_t row = 0;  // num_kv_heads * head_dim
   int64_t num_slots = 0;
+  int elem_bytes = 2;  // 2 (bf16) or 1 (FP8): the pointers' element type is then nominal
   // 0: one warp per row, as many blocks as rows (fastest alone). > 0: at most this many blocks,
   // each warp striding over rows, so that the copy leaves the other SMs to a concurrent NCCL
   // kernel (nccl_kv_link.cc; bench/nccl_kv_bench.cc measures the trade).
@@ -52,6 +55,7 @@ struct KvScatterParams {
   int64_t num_tokens = 0;
   int64_t row = 0;
   int64_t num_slots = 0;
+  int elem_bytes = 2;  // 2 (bf16) or 1 (FP8): the pointers' element type is then nominal
   // 0: one warp per row, as many blocks as rows (fastest alone). > 0: at most this many blocks,
   // each warp striding over rows, so that the copy leaves the other SMs to a concurrent NCCL
   // kernel (nccl_kv_link.cc; bench/nccl_kv_bench.cc measures the trade).

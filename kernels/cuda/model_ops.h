@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kv_cache_type.h"
+
 namespace tokenselect::kernels::cuda {
 
 // out[i, :] = float(table[ids[i], :]). An id outside [0, vocab) gives a NaN row (callers check
@@ -62,9 +64,11 @@ cudaError_t SwiGlu(const SwiGluParams& params, cudaStream_t stream);
 // un-rotated (RoPE is applied at gather time). Rows of k/v are `src_stride` elements apart, so the
 // k and v parts of a fused qkv GEMM output are read in place. Slots outside [0, num_slots) are
 // skipped (callers validate slots on the host). 16-byte copies when every row is 16-byte aligned.
+// An FP8 cache (kv_cache_type.h) stores e4m3(x / scale[h]) for element x of KV head h (8 values
+// per thread and 8-byte stores when rows allow, else one at a time).
 struct KvAppendParams {
-  __nv_bfloat16* k_cache = nullptr;  // [num_slots, row]
-  __nv_bfloat16* v_cache = nullptr;  // [num_slots, row]
+  void* k_cache = nullptr;  // [num_slots, row] of kv_type
+  void* v_cache = nullptr;  // [num_slots, row] of kv_type
   const __nv_bfloat16* k = nullptr;  // [num_tokens, src_stride]
   const __nv_bfloat16* v = nullptr;  // [num_tokens, src_stride]
   const int32_t* slots = nullptr;    // [num_tokens], device memory
@@ -72,8 +76,28 @@ struct KvAppendParams {
   int64_t row = 0;         // num_kv_heads * head_dim
   int64_t src_stride = 0;  // >= row
   int64_t num_slots = 0;
+  KvCacheType kv_type = KvCacheType::kBf16;
+  const float* k_scale = nullptr;  // FP8: [row / head_dim] fp32, device memory
+  const float* v_scale = nullptr;
+  int64_t head_dim = 0;            // FP8: elements per KV head (divides row)
 };
 cudaError_t KvAppend(const KvAppendParams& params, cudaStream_t stream);
+
+// The FP8 KV scales' row bounds (engine/model/kv_scales.h) from device weights:
+// out[r] = sqrt(hidden) * || w[r, :] (.) norm ||_2 + |bias[r]| in double, for the rows of a bf16
+// [rows, hidden] projection (the k and v rows of the fused qkv weight). One block per row; the
+// squares are summed in double in a fixed tree order (the CPU sums in sequence: the two can
+// differ by ~1e-16 relative, which moves a power-of-two scale only when a bound sits that close
+// to 448 times a power of two).
+struct KvRowBoundsParams {
+  double* out = nullptr;                  // [rows], device memory
+  const __nv_bfloat16* w = nullptr;       // [rows, hidden]
+  const __nv_bfloat16* norm = nullptr;    // [hidden]
+  const __nv_bfloat16* bias = nullptr;    // [rows] or nullptr (no bias)
+  int64_t rows = 0;
+  int64_t hidden = 0;
+};
+cudaError_t KvRowBounds(const KvRowBoundsParams& params, cudaStream_t stream);
 
 }  // namespace tokenselect::kernels::cuda
 

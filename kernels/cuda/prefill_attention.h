@@ -14,6 +14,9 @@
 // the chunk) and sparse prefill (TokenSelect: the selected set at compact positions plus the
 // chunk). Long lists are split over the KV axis (split-KV with a log-sum-exp merge) so that a
 // chunk against a 1M-token list fills the device.
+//
+// FP8 cache (kv_type = kFp8E4M3, kv_cache_type.h): K and V tiles are dequantized as they land;
+// the result is bit for bit the bf16 result over the dequantized cache.
 #ifndef TOKENSELECT_KERNELS_CUDA_PREFILL_ATTENTION_H_
 #define TOKENSELECT_KERNELS_CUDA_PREFILL_ATTENTION_H_
 
@@ -22,6 +25,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda/kv_cache_type.h"
 
 namespace tokenselect::kernels::cuda {
 
@@ -33,8 +38,11 @@ struct PrefillAttentionParams {
   const int32_t* q_positions = nullptr;    // [total_q]
   const int32_t* q_indptr = nullptr;       // [batch + 1]
   const int32_t* visible = nullptr;        // [total_q]: prefix of the request's list attended
-  const __nv_bfloat16* k_cache = nullptr;  // [num_slots, num_kv_heads, head_dim], un-rotated
-  const __nv_bfloat16* v_cache = nullptr;  // [num_slots, num_kv_heads, head_dim]
+  const void* k_cache = nullptr;  // [num_slots, num_kv_heads, head_dim] of kv_type, un-rotated
+  const void* v_cache = nullptr;  // [num_slots, num_kv_heads, head_dim] of kv_type
+  KvCacheType kv_type = KvCacheType::kBf16;
+  const float* k_scale = nullptr;  // FP8 only: [num_kv_heads] fp32, device memory
+  const float* v_scale = nullptr;
   const int32_t* kv_indptr = nullptr;      // [batch + 1]
   const int32_t* kv_indices = nullptr;     // [kv_indptr[batch]]: cache slot of each entry
   const int32_t* kv_positions = nullptr;   // [kv_indptr[batch]]: RoPE position of each entry

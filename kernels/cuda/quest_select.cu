@@ -6,7 +6,9 @@
 // the page bounds, the page scores and the selected set.
 //
 // Quest: QuestBoundsKernel, one block per page, threads over the row's 16-byte chunks, bf16
-// min/max over the page's tokens (exact: min/max of bf16 values are bf16). QuestScoreKernel, one
+// min/max over the page's tokens (exact: min/max of bf16 values are bf16). FP8 keys: 8-byte
+// chunks of 8 e4m3, dequantized to bf16 (exact) first, so the bounds are those of the
+// dequantized keys. QuestScoreKernel, one
 // warp per page: 2 * H_kv * d bf16 of bounds, max(q * lo, q * hi) per channel and head, in fp32.
 // The page choice: F full pages and maybe a short last page of r tokens; the greedy takes the
 // top q = k / page_size full pages, except that the short page, taken if it fits at its turn
@@ -22,6 +24,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/kv_cache_load.cuh"
 #include "kernels/cuda/selection.h"
 #include "kernels/cuda/span_scoring.h"
 #include "kernels/cuda/span_scoring_internal.cuh"
@@ -48,14 +51,27 @@ using span_internal::UnpackBf16x8;
 using span_internal::ValidProblem;
 using span_internal::WarpSum;
 
-__global__ void QuestBoundsKernel(uint4* __restrict__ bounds, const uint4* __restrict__ keys,
+// 8 keys of a chunk as 8 bf16: bf16 as they are, FP8 dequantized with the chunk's head scale.
+__device__ __forceinline__ uint4 KeysAsBf16(const uint4& raw, const float*, int64_t) {
+  return raw;
+}
+__device__ __forceinline__ uint4 KeysAsBf16(const uint2& raw, const float* scale, int64_t head) {
+  return kv_internal::Fp8x8ToBf16x8(raw, __ldg(scale + head));
+}
+
+// Raw: uint4 (8 bf16) or uint2 (8 e4m3, with k_scale per head of vecs_per_head chunks).
+template <typename Raw>
+__global__ void QuestBoundsKernel(uint4* __restrict__ bounds, const Raw* __restrict__ keys,
                                   const int32_t* __restrict__ slots, int64_t begin, int64_t end,
-                                  int64_t page_size, int64_t row_vecs) {
+                                  int64_t page_size, int64_t row_vecs,
+                                  const float* __restrict__ k_scale, int64_t vecs_per_head) {
   const int64_t page = blockIdx.x;
   const int64_t p0 = begin + page * page_size;
   const int64_t p1 = min(end, p0 + page_size);
   for (int64_t c = threadIdx.x; c < row_vecs; c += blockDim.x) {
-    uint4 first = __ldg(keys + static_cast<int64_t>(__ldg(slots + p0)) * row_vecs + c);
+    const int64_t head = c / vecs_per_head;
+    uint4 first = KeysAsBf16(
+        __ldg(keys + static_cast<int64_t>(__ldg(slots + p0)) * row_vecs + c), k_scale, head);
     __nv_bfloat162 lo[4], hi[4];
     const uint32_t* fw = reinterpret_cast<const uint32_t*>(&first);
 #pragma unroll
@@ -65,7 +81,8 @@ __global__ void QuestBoundsKernel(uint4* __restrict__ bounds, const uint4* __res
     }
 #pragma unroll 4
     for (int64_t t = p0 + 1; t < p1; ++t) {
-      const uint4 raw = __ldg(keys + static_cast<int64_t>(__ldg(slots + t)) * row_vecs + c);
+      const uint4 raw = KeysAsBf16(
+          __ldg(keys + static_cast<int64_t>(__ldg(slots + t)) * row_vecs + c), k_scale, head);
       const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -204,9 +221,17 @@ cudaError_t QuestBuildPageBounds(const QuestBoundsParams& p, cudaStream_t stream
   if (pages > INT32_MAX) return cudaErrorInvalidValue;
   const int64_t row_vecs = pr.num_kv_heads * pr.head_dim / 8;
   const int threads = static_cast<int>(std::min<int64_t>(256, (row_vecs + 31) / 32 * 32));
-  QuestBoundsKernel<<<static_cast<int>(pages), threads, 0, stream>>>(
-      reinterpret_cast<uint4*>(p.page_bounds), reinterpret_cast<const uint4*>(pr.k_cache),
-      pr.slots, pr.n_init, pr.num_tokens - pr.n_local, p.page_size, row_vecs);
+  if (pr.kv_type == KvCacheType::kFp8E4M3) {
+    if (pr.k_scale == nullptr) return cudaErrorInvalidValue;
+    QuestBoundsKernel<<<static_cast<int>(pages), threads, 0, stream>>>(
+        reinterpret_cast<uint4*>(p.page_bounds), static_cast<const uint2*>(pr.k_cache), pr.slots,
+        pr.n_init, pr.num_tokens - pr.n_local, p.page_size, row_vecs, pr.k_scale,
+        pr.head_dim / 8);
+  } else {
+    QuestBoundsKernel<<<static_cast<int>(pages), threads, 0, stream>>>(
+        reinterpret_cast<uint4*>(p.page_bounds), static_cast<const uint4*>(pr.k_cache), pr.slots,
+        pr.n_init, pr.num_tokens - pr.n_local, p.page_size, row_vecs, nullptr, pr.head_dim / 8);
+  }
   return cudaGetLastError();
 }
 

@@ -14,7 +14,9 @@
 // non-null and *skip != 0 the kernels return at once and write nothing (not even workspaces), so
 // a graph of check -> score -> vote -> top-k keeps the cached top-k in the TopK output on a hit.
 //
-// Storage: keys bf16, query fp32, logits/votes fp32, all accumulation in fp32. The launchers take
+// Storage: keys bf16 or FP8 (kv_cache_type.h: dequantized as read, so the logits are those of a
+// bf16 cache of the dequantized keys, bit for bit, from half the bytes), query fp32,
+// logits/votes fp32, all accumulation in fp32. The launchers take
 // a cudaStream_t, never synchronise, and return the first CUDA error (cudaErrorInvalidValue for
 // unsupported shapes: head_dim 64 or 128, group size 1, 2, 4 or 8).
 #ifndef TOKENSELECT_KERNELS_CUDA_SELECTION_H_
@@ -26,6 +28,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/kv_cache_type.h"
+
 namespace tokenselect::kernels::cuda {
 
 struct KeyScoreParams {
@@ -33,7 +37,9 @@ struct KeyScoreParams {
   float* head_max = nullptr;            // [num_heads]: max_j logits[j, h]
   float* head_inv_sum = nullptr;        // [num_heads]: 1 / sum_j exp(logits[j, h] - head_max[h])
   const float* query = nullptr;         // [num_heads, head_dim], the selection query
-  const __nv_bfloat16* k_cache = nullptr;  // [num_slots, num_kv_heads, head_dim], un-rotated
+  const void* k_cache = nullptr;        // [num_slots, num_kv_heads, head_dim] of kv_type, un-rotated
+  KvCacheType kv_type = KvCacheType::kBf16;
+  const float* k_scale = nullptr;       // FP8 only: [num_kv_heads] fp32, device memory
   const int32_t* slots = nullptr;       // [n]: cache slot of candidate j
   // ScoreKeysWorkspaceBytes() bytes, zeroed once after allocation (the kernel leaves it zeroed).
   void* workspace = nullptr;

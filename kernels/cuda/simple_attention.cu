@@ -6,11 +6,13 @@
 // with the accurate sincosf) and writes its score to shared memory; the block then updates an
 // online softmax (running max m, sum l) and thread j < head_dim accumulates acc[j] over the
 // tile's values. Output bf16(acc / l). Reads 4 d bytes per entry and head (K and V rows), so a
-// KV row is re-read by each of the g heads of its group: fine for small models and tests.
+// KV row is re-read by each of the g heads of its group: fine for small models and tests. An FP8
+// cache is read element by element (LoadKvElement: e4m3 -> float times the kv head's scale).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/cuda/kv_cache_load.cuh"
 #include "kernels/cuda/simple_attention.h"
 
 namespace tokenselect::kernels::cuda {
@@ -19,6 +21,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxDim = 256;
 
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) SimpleDecodeKernel(DecodeAttentionParams p) {
   __shared__ float q[kMaxDim];
   __shared__ float scores[kThreads];
@@ -40,18 +43,20 @@ __global__ void __launch_bounds__(kThreads) SimpleDecodeKernel(DecodeAttentionPa
   __syncthreads();
   const int32_t begin = p.indptr[b], end = p.indptr[b + 1];
   const int64_t row = p.num_kv_heads * d;
+  const float k_scale = kFp8 ? p.k_scale[kv_head] : 1.0f, v_scale = kFp8 ? p.v_scale[kv_head] : 1.0f;
   float m = -INFINITY, l = 0.0f, acc = 0.0f;  // acc: dim threadIdx.x
   for (int32_t tile = begin; tile < end; tile += kThreads) {
     const int32_t e = tile + static_cast<int32_t>(threadIdx.x);
     float score = -INFINITY;
     if (e < end) {
-      const __nv_bfloat16* k = p.k_cache + p.indices[e] * row + kv_head * d;
+      const int64_t k = static_cast<int64_t>(p.indices[e]) * row + kv_head * d;
       const float pos = static_cast<float>(p.kv_positions[e]);
       score = 0.0f;
       for (int i = 0; i < half; ++i) {
         float s, c;
         sincosf(pos * p.inv_freq[i], &s, &c);
-        const float x1 = __bfloat162float(k[i]), x2 = __bfloat162float(k[i + half]);
+        const float x1 = kv_internal::LoadKvElement<kFp8>(p.k_cache, k + i, k_scale);
+        const float x2 = kv_internal::LoadKvElement<kFp8>(p.k_cache, k + i + half, k_scale);
         score = fmaf(q[i], x1 * c - x2 * s, score);
         score = fmaf(q[i + half], x2 * c + x1 * s, score);
       }
@@ -81,8 +86,9 @@ __global__ void __launch_bounds__(kThreads) SimpleDecodeKernel(DecodeAttentionPa
     if (static_cast<int>(threadIdx.x) < d) {
       float a = acc * correction;
       for (int t = 0; t < count; ++t) {
-        const __nv_bfloat16* v = p.v_cache + p.indices[tile + t] * row + kv_head * d;
-        a = fmaf(scores[t], __bfloat162float(v[threadIdx.x]), a);
+        const int64_t v = static_cast<int64_t>(p.indices[tile + t]) * row + kv_head * d;
+        a = fmaf(scores[t], kv_internal::LoadKvElement<kFp8>(p.v_cache, v + threadIdx.x, v_scale),
+                 a);
       }
       acc = a;
     }
@@ -104,7 +110,12 @@ cudaError_t SimpleDecodeAttention(const DecodeAttentionParams& p, cudaStream_t s
   }
   if (p.batch == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch));
-  SimpleDecodeKernel<<<grid, kThreads, 0, stream>>>(p);
+  if (p.kv_type == KvCacheType::kFp8E4M3) {
+    if (p.k_scale == nullptr || p.v_scale == nullptr) return cudaErrorInvalidValue;
+    SimpleDecodeKernel<true><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    SimpleDecodeKernel<false><<<grid, kThreads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

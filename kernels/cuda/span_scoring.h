@@ -18,7 +18,10 @@
 //                     scale * q_h . K[r, h / g]; the top k / block_size blocks.
 //
 // Storage as in selection.h: keys bf16 [num_slots, num_kv_heads, head_dim] (un-rotated), query
-// fp32 [num_heads, head_dim], scores fp32. Launchers take a cudaStream_t, never synchronise, and
+// fp32 [num_heads, head_dim], scores fp32. An FP8 cache (kv_cache_type.h) is read by Quest's page
+// bounds only (bounds of the dequantized keys, bit for bit those of a bf16 cache holding them);
+// SpanSelect and InfLlmSelect take bf16 keys and return cudaErrorInvalidValue for FP8 (no GPU
+// provider runs them yet: engine/selection/cuda_selection.h). Launchers take a cudaStream_t, never synchronise, and
 // return the first CUDA error; cudaErrorInvalidValue for unsupported shapes (head_dim 64 or 128,
 // group size 1, 2, 4 or 8) or inconsistent sizes. Outputs whose length is only known on the
 // device come with a device-side count. When n_init + k + n_local >= N every launcher selects
@@ -32,12 +35,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/kv_cache_type.h"
+
 namespace tokenselect::kernels::cuda {
 
 // What every selection launcher shares: the request's keys of one layer and the budget.
 struct SelectionProblem {
   const float* query = nullptr;            // [num_heads, head_dim], the selection query
-  const __nv_bfloat16* k_cache = nullptr;  // [num_slots, num_kv_heads, head_dim]
+  const void* k_cache = nullptr;           // [num_slots, num_kv_heads, head_dim] of kv_type
+  KvCacheType kv_type = KvCacheType::kBf16;
+  const float* k_scale = nullptr;          // FP8 only: [num_kv_heads] fp32, device memory
   const int32_t* slots = nullptr;          // [num_tokens]: cache slot of token t
   int64_t num_tokens = 0;                  // N
   int64_t num_heads = 0;

@@ -440,7 +440,8 @@ size_t SpanSelectWorkspaceBytes(int64_t num_spans, int64_t max_kept, int64_t num
 cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   const SelectionProblem& pr = p.problem;
   const SpanIndexView& ix = p.index;
-  if (!ValidProblem(pr) || ix.num_spans < 0 || ix.num_spans > INT32_MAX - 1 ||
+  if (!ValidProblem(pr) || pr.kv_type != KvCacheType::kBf16 || ix.num_spans < 0 ||
+      ix.num_spans > INT32_MAX - 1 ||
       p.token_budget < 0 || p.max_kept < 0 || p.max_kept > INT32_MAX) {
     return cudaErrorInvalidValue;
   }

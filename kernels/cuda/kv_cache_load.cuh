@@ -1,0 +1,73 @@
+// Device-side conversions of the FP8 KV cache (kv_cache_type.h). Included by .cu files only.
+//   Fp8x4ToFloat / Fp8x8ToFloat  e4m3 bytes (element 0 in the lowest byte) -> float(x) * scale,
+//                                through the hardware e4m3 -> half conversion (exact)
+//   Fp8x8ToBf16x8                the same, packed as 8 bf16 (exact: a power-of-two multiple of
+//                                an e4m3 value has at most 4 significant bits)
+//   FloatToFp8                   __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3): round to
+//                                nearest even, saturate to +-448, NaN -> 0x7f
+//                                (engine/model/fp8.h is the CPU's bit-exact twin)
+#ifndef TOKENSELECT_KERNELS_CUDA_KV_CACHE_LOAD_CUH_
+#define TOKENSELECT_KERNELS_CUDA_KV_CACHE_LOAD_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace tokenselect::kernels::cuda::kv_internal {
+
+__device__ __forceinline__ float2 Fp8x2ToFloat2(uint32_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+__device__ __forceinline__ void Fp8x4ToFloat(uint32_t w, float scale, float* out) {
+  const float2 a = Fp8x2ToFloat2(w), b = Fp8x2ToFloat2(w >> 16);
+  out[0] = a.x * scale;
+  out[1] = a.y * scale;
+  out[2] = b.x * scale;
+  out[3] = b.y * scale;
+}
+
+__device__ __forceinline__ void Fp8x8ToFloat(uint2 raw, float scale, float* out) {
+  Fp8x4ToFloat(raw.x, scale, out);
+  Fp8x4ToFloat(raw.y, scale, out + 4);
+}
+
+__device__ __forceinline__ uint32_t PackBf16x2Exact(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint4 Fp8x8ToBf16x8(uint2 raw, float scale) {
+  float f[8];
+  Fp8x8ToFloat(raw, scale, f);
+  uint4 r;
+  r.x = PackBf16x2Exact(f[0], f[1]);
+  r.y = PackBf16x2Exact(f[2], f[3]);
+  r.z = PackBf16x2Exact(f[4], f[5]);
+  r.w = PackBf16x2Exact(f[6], f[7]);
+  return r;
+}
+
+// Element i of a cache of either type, as float (times scale for FP8; scale unused for bf16).
+template <bool kFp8>
+__device__ __forceinline__ float LoadKvElement(const void* cache, int64_t i, float scale) {
+  if constexpr (kFp8) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(
+        static_cast<const __nv_fp8_storage_t*>(cache)[i], __NV_E4M3);
+    return __half2float(__half(h)) * scale;
+  } else {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(cache)[i]);
+  }
+}
+
+__device__ __forceinline__ uint8_t FloatToFp8(float x) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+}  // namespace tokenselect::kernels::cuda::kv_internal
+
+#endif  // TOKENSELECT_KERNELS_CUDA_KV_CACHE_LOAD_CUH_

@@ -1,0 +1,16 @@
+// The FP8-cache instantiations of the tensor-core prefill kernel (prefill_attention_kernel.cuh).
+// Compiled without the spill guard (kernels/CMakeLists.txt): at d = 128 they spill 8 bytes
+// (ptxas -v: 8 bytes of spill stores and loads) at the 255-register limit that the bf16 kernel
+// fills exactly. The variants tried to avoid it (32-entry key tiles, the scales folded into Q
+// and O, other copy mappings, the scale read at other places) all spilled as much or more.
+// Its speed is not measured yet (docs/fp8_kv.md).
+#include "kernels/cuda/prefill_attention_kernel.cuh"
+
+namespace tokenselect::kernels::cuda::prefill_internal {
+
+cudaError_t PrefillAttentionFp8(const PrefillAttentionParams& p, int64_t group,
+                                cudaStream_t stream) {
+  return DispatchPrefillDim<true>(p, group, stream);
+}
+
+}  // namespace tokenselect::kernels::cuda::prefill_internal
