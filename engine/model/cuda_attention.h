@@ -27,7 +27,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "engine/model/kv_cache_dtype.h"
 #include "engine/model/model_config.h"
+#include "kernels/cuda/kv_cache_type.h"
 
 namespace tokenselect::engine {
 
@@ -46,6 +48,12 @@ class CudaTensorParallel {
   virtual absl::Status AllReduceSum(double* data, int64_t count, cudaStream_t stream) = 0;
 };
 
+// The kernels' name for a cache element type (kernels/cuda/kv_cache_type.h).
+inline kernels::cuda::KvCacheType KernelKvType(KvCacheDType dtype) {
+  return dtype == KvCacheDType::kFP8E4M3 ? kernels::cuda::KvCacheType::kFp8E4M3
+                                         : kernels::cuda::KvCacheType::kBf16;
+}
+
 // True when `tp` shards the model over more than one rank (null or size 1: one GPU, and no
 // collective is ever called).
 inline bool IsSharded(const CudaTensorParallel* tp) { return tp != nullptr && tp->size() > 1; }
@@ -57,8 +65,13 @@ struct CudaAttentionQuery {
   int64_t num_new = 0;       // their K/V are already written
   const __nv_bfloat16* q = nullptr;  // row i at q + i * q_row_stride: [num_heads, head_dim]
   int64_t q_row_stride = 0;
-  const __nv_bfloat16* k_cache = nullptr;  // this layer's [num_slots, num_kv_heads, head_dim]
-  const __nv_bfloat16* v_cache = nullptr;
+  // This layer's [num_slots, num_kv_heads, head_dim] of kv_dtype (bf16, or e4m3 with the
+  // layer's per-KV-head scales k_scale / v_scale, [num_kv_heads] fp32; null for bf16).
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  KvCacheDType kv_dtype = KvCacheDType::kBF16;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   const int32_t* token_slots = nullptr;    // [cache_length + num_new]: slot of every token
   const int32_t* iota = nullptr;           // [>= cache_length + num_new + 1]: iota[i] = i
   const float* inv_freq = nullptr;         // [head_dim / 2]

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/model/cuda_model_internal.h"
+#include "engine/model/kv_scales.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/gemm.h"
@@ -53,6 +54,21 @@ void CudaModel::Release(CudaSequence* seq) {
 }
 
 int64_t CudaModel::num_pages() const { return dev_->num_pages; }
+
+void* CudaModel::k_cache_data(int64_t layer) const {
+  return dev_->layers[static_cast<size_t>(layer)].k_cache.as<void>();
+}
+void* CudaModel::v_cache_data(int64_t layer) const {
+  return dev_->layers[static_cast<size_t>(layer)].v_cache.as<void>();
+}
+const float* CudaModel::k_scale(int64_t layer) const {
+  if (dev_->kv_scales.bytes() == 0) return nullptr;
+  return dev_->kv_scales.as<float>() + KvScaleIndex(layer, 0, 0, config_.num_kv_heads);
+}
+const float* CudaModel::v_scale(int64_t layer) const {
+  if (dev_->kv_scales.bytes() == 0) return nullptr;
+  return dev_->kv_scales.as<float>() + KvScaleIndex(layer, 1, 0, config_.num_kv_heads);
+}
 int64_t CudaModel::free_pages() const { return static_cast<int64_t>(dev_->free_pages.size()); }
 
 absl::StatusOr<std::unique_ptr<CudaSequence>> CudaModel::NewSequence(int64_t max_tokens) {
@@ -171,15 +187,19 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logit
   RETURN_IF_ERROR(
       linear(d.qkv.as<void>(), d.h.bf16(), b.qkv, b.qkv_bias, m, hidden, qkv_dim, false, false));
   kc::KvAppendParams kv;
-  kv.k_cache = b.k_cache.bf16();
-  kv.v_cache = b.v_cache.bf16();
+  kv.k_cache = b.k_cache.as<void>();
+  kv.v_cache = b.v_cache.as<void>();
+  kv.kv_type = KernelKvType(options_.kv_dtype);
+  kv.k_scale = k_scale(segment);
+  kv.v_scale = v_scale(segment);
+  kv.head_dim = c.head_dim;
   kv.k = d.qkv.bf16() + q_dim;
   kv.v = d.qkv.bf16() + q_dim + kv_dim;
   kv.slots = d.new_slots.as<int32_t>();
   kv.num_tokens = m;
   kv.row = kv_dim;
   kv.src_stride = qkv_dim;
-  kv.num_slots = static_cast<int64_t>(b.k_cache.bytes() / 2) / kv_dim;
+  kv.num_slots = static_cast<int64_t>(b.k_cache.bytes()) / (kv_dim * kv_element_bytes());
   return CudaStatus(kc::KvAppend(kv, s), "KvAppend");
 }
 
@@ -246,8 +266,11 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row) {
   query.num_new = m;
   query.q = q;
   query.q_row_stride = qkv_dim;
-  query.k_cache = b.k_cache.bf16();
-  query.v_cache = b.v_cache.bf16();
+  query.k_cache = b.k_cache.as<void>();
+  query.v_cache = b.v_cache.as<void>();
+  query.kv_dtype = options_.kv_dtype;
+  query.k_scale = k_scale(layer);
+  query.v_scale = v_scale(layer);
   query.token_slots = row.seq->slots_;
   query.iota = d.iota.as<int32_t>();
   query.inv_freq = d.inv_freq.as<float>();
@@ -266,8 +289,11 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row) {
     ap.out = out;
     ap.q = q;
     ap.q_positions = list.q_positions;
-    ap.k_cache = b.k_cache.bf16();
-    ap.v_cache = b.v_cache.bf16();
+    ap.k_cache = b.k_cache.as<void>();
+    ap.v_cache = b.v_cache.as<void>();
+    ap.kv_type = KernelKvType(options_.kv_dtype);
+    ap.k_scale = query.k_scale;
+    ap.v_scale = query.v_scale;
     ap.indptr = list.kv_indptr;
     ap.indices = list.kv_indices;
     ap.kv_positions = list.kv_positions;
@@ -297,8 +323,11 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row) {
   pp.q_positions = list.q_positions;
   pp.q_indptr = d.q_indptr.as<int32_t>();
   pp.visible = list.visible;
-  pp.k_cache = b.k_cache.bf16();
-  pp.v_cache = b.v_cache.bf16();
+  pp.k_cache = b.k_cache.as<void>();
+  pp.v_cache = b.v_cache.as<void>();
+  pp.kv_type = KernelKvType(options_.kv_dtype);
+  pp.k_scale = query.k_scale;
+  pp.v_scale = query.v_scale;
   pp.kv_indptr = list.kv_indptr;
   pp.kv_indices = list.kv_indices;
   pp.kv_positions = list.kv_positions;

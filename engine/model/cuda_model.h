@@ -29,6 +29,12 @@
 // Tensor parallelism (CudaModelOptions::tp, docs/parallel.md): one CudaModel per GPU holds its
 // rank's heads and MLP columns; the partial o_proj and down_proj products are all-reduced (fp32)
 // into the residual stream, so every rank keeps the same x and the same logits.
+//
+// FP8 KV cache (CudaModelOptions::kv_dtype, docs/fp8_kv.md): the pool holds e4m3 bytes, half of
+// bf16's, so the same memory holds twice the tokens. KvAppend stores e4m3(k / s) with one
+// power-of-two scale per (layer, KV head) for K and one for V, computed at construction from the
+// device weights (engine/model/kv_scales.h; under tensor parallelism a rank's scales are its
+// heads' slice of the whole model's); every kernel that reads the cache dequantizes as it reads.
 #ifndef TOKENSELECT_ENGINE_MODEL_CUDA_MODEL_H_
 #define TOKENSELECT_ENGINE_MODEL_CUDA_MODEL_H_
 
@@ -44,6 +50,7 @@
 #include "absl/types/span.h"
 #include "engine/model/cuda_attention.h"
 #include "engine/model/dummy_weights.h"
+#include "engine/model/kv_cache_dtype.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
 
@@ -55,6 +62,8 @@ struct CudaModelOptions {
   int64_t max_chunk = 512;    // most tokens per step (prefill chunk, or rows of a decode batch)
   int64_t max_batch = 64;     // most sequences per DecodeBatch (rows of logits kept)
   bool use_graphs = true;     // CUDA graphs for decode steps
+  // Element type of the KV cache (kv_cache_dtype.h): bf16, or e4m3 with per-head scales.
+  KvCacheDType kv_dtype = KvCacheDType::kBF16;
   // Tensor parallelism (docs/parallel.md; engine/parallel/tp_cuda_model.h drives N of these).
   int device = -1;                  // CUDA device of the model; -1: the caller's current device
   CudaTensorParallel* tp = nullptr;  // the rank's group (not owned); null or size 1: no sharding
@@ -89,7 +98,8 @@ class CudaSequence {
 class CudaModel {
  public:
   // Uploads `weights` (rounded to bf16; fused q|k|v and gate|up) and allocates the KV cache.
-  // InvalidArgument for a config/weights mismatch or bad options; ResourceExhausted when device
+  // InvalidArgument for a config/weights mismatch or bad options (with an FP8 KV cache also for
+  // k/v weights whose scale bound is not finite, naming the layer); ResourceExhausted when device
   // memory runs out; Internal for other CUDA or cuBLASLt errors.
   static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const ModelConfig& config,
                                                            const ModelWeights& weights,
@@ -155,14 +165,22 @@ class CudaModel {
   const ModelConfig& config() const { return config_; }  // the shard's under tensor parallelism
   const CudaModelOptions& options() const { return options_; }
   cudaStream_t stream() const;
-  // Bytes of device memory held for weights and for the KV cache.
+  // Bytes of device memory held for weights and for the KV cache (num_slots x 2 x layers x
+  // kv_dim x kv_element_bytes(); the FP8 scales are not counted).
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t kv_bytes() const { return kv_bytes_; }
+  // The KV cache's element type and its size in bytes (2 for bf16, 1 for FP8).
+  KvCacheDType kv_dtype() const { return options_.kv_dtype; }
+  int64_t kv_element_bytes() const { return KvCacheElementBytes(options_.kv_dtype); }
+  // FP8 only: a host copy of the scales, [num_layers, 2, num_kv_heads] (kv_scales.h; this rank's
+  // KV heads under tensor parallelism); empty for bf16.
+  const std::vector<float>& kv_scales() const { return kv_scales_; }
 
   // --- K/V transfer (cuda_model_kv.cc; engine/transfer, docs/kv_transfer.md) ---
   // Copies layers [layer_begin, layer_end) x positions [token_begin, token_end) of `seq` to the
   // host buffer `out` in the kv_pack staging layout [layers, 2, tokens, num_kv_heads * head_dim]
-  // bf16 (the KvChunk payload), after the work queued so far; waits for the copy.
+  // of the cache's elements (the KvChunk payload: bf16, or for an FP8 cache its raw e4m3 bytes,
+  // kv_element_bytes() each), after the work queued so far; waits for the copy.
   // InvalidArgument for ranges outside the layers or the sequence's capacity, or a sequence of
   // another model.
   absl::Status ReadKv(const CudaSequence& seq, int64_t layer_begin, int64_t layer_end,
@@ -175,9 +193,16 @@ class CudaModel {
   absl::Status SetLength(CudaSequence* seq, int64_t length);
   // Blocks until the work queued on the model's stream has run.
   absl::Status Synchronize();
-  // Layer `layer`'s K or V cache: [num_slots, num_kv_heads * head_dim] bf16 on the device.
+  // Layer `layer`'s K or V cache: [num_slots, num_kv_heads * head_dim] on the device, bf16 (for
+  // an FP8 cache the same address holds e4m3 bytes: use the untyped accessors and
+  // kv_element_bytes()).
   __nv_bfloat16* k_cache(int64_t layer) const;
   __nv_bfloat16* v_cache(int64_t layer) const;
+  void* k_cache_data(int64_t layer) const;
+  void* v_cache_data(int64_t layer) const;
+  // FP8 only: layer `layer`'s K or V scales on the device, [num_kv_heads] fp32 (null for bf16).
+  const float* k_scale(int64_t layer) const;
+  const float* v_scale(int64_t layer) const;
   int64_t num_slots() const;
 
  private:
@@ -201,6 +226,8 @@ class CudaModel {
   absl::Status EnqueueSegment(int64_t segment, int64_t m, int64_t logits_rows);
   absl::Status RunSegment(int64_t segment, int64_t m, int64_t logits_rows);
   absl::Status Attention(int64_t layer, const StepRow& row);
+  // FP8: kv_scales_ from the uploaded weights, and their device copy.
+  absl::Status ComputeKvScales();
   absl::StatusOr<CudaSequence*> DefaultSequence();
   void Release(CudaSequence* seq);
 
@@ -211,6 +238,7 @@ class CudaModel {
   int64_t last_logits_rows_ = 0;
   int64_t weight_bytes_ = 0;
   int64_t kv_bytes_ = 0;
+  std::vector<float> kv_scales_;  // FP8: host copy of Device::kv_scales
 };
 
 }  // namespace tokenselect::engine

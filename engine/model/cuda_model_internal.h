@@ -76,7 +76,7 @@ struct LayerBuffers {
   DeviceMemory o, o_bias;              // bf16 [hidden, q_dim], fp32 [hidden]
   DeviceMemory gate_up, gate_up_bias;  // bf16 [2 inter, hidden], [2 inter]
   DeviceMemory down, down_bias;        // bf16 [hidden, inter], fp32 [hidden]
-  DeviceMemory k_cache, v_cache;       // bf16 [num_slots, kv_dim]
+  DeviceMemory k_cache, v_cache;       // [num_slots, kv_dim] bf16, or e4m3 bytes (kv_dtype)
 };
 
 }  // namespace tokenselect::engine::cuda_model_internal
@@ -92,6 +92,8 @@ struct CudaModel::Device {
   cuda_model_internal::DeviceMemory x, h, qkv, attn, gate_up, act, logits, tokens, new_slots, greedy;
   // iota[i] = i (dense lists' positions); q_indptr = {0, m} (prefill steps).
   cuda_model_internal::DeviceMemory iota, q_indptr, attention_workspace;
+  // FP8 KV cache: the scales, fp32 [num_layers, 2, num_kv_heads] (kv_scales.h).
+  cuda_model_internal::DeviceMemory kv_scales;
   int64_t num_pages = 0;
   std::vector<int32_t> free_pages;  // handed out from the front, in a scrambled order
   // Full attention for the rows of a step that have no provider (one per row: each keeps its

@@ -70,7 +70,7 @@ absl::Status PrepareCopy(const CudaModel& model, const CudaSequence& seq, int64_
   const int64_t layers = le - lb;
   const int64_t tokens = te - tb;
   const int64_t row = c.num_kv_heads * c.head_dim;
-  *bytes = layers * 2 * tokens * row * static_cast<int64_t>(sizeof(__nv_bfloat16));
+  *bytes = layers * 2 * tokens * row * model.kv_element_bytes();  // bf16 or FP8 elements
   RETURN_IF_ERROR(s->staging.Allocate(static_cast<size_t>(*bytes)));
   std::vector<__nv_bfloat16*> k(static_cast<size_t>(layers)), v(static_cast<size_t>(layers));
   for (int64_t l = 0; l < layers; ++l) {
@@ -117,6 +117,7 @@ absl::Status CudaModel::ReadKv(const CudaSequence& seq, int64_t layer_begin, int
   p.num_tokens = token_end - token_begin;
   p.row = config_.num_kv_heads * config_.head_dim;
   p.num_slots = num_slots();
+  p.elem_bytes = static_cast<int>(kv_element_bytes());
   RETURN_IF_ERROR(kc::CudaStatus(kc::KvGather(p, dev_->stream), "ReadKv: KvGather"));
   RETURN_IF_ERROR(kc::CudaStatus(cudaMemcpyAsync(out, s.staging.as<void>(),
                                                  static_cast<size_t>(bytes),
@@ -147,6 +148,7 @@ absl::Status CudaModel::WriteKv(CudaSequence* seq, int64_t layer_begin, int64_t 
   p.num_tokens = token_end - token_begin;
   p.row = config_.num_kv_heads * config_.head_dim;
   p.num_slots = num_slots();
+  p.elem_bytes = static_cast<int>(kv_element_bytes());
   RETURN_IF_ERROR(kc::CudaStatus(kc::KvScatter(p, dev_->stream), "WriteKv: KvScatter"));
   return Synchronize();
 }

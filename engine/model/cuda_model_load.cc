@@ -3,18 +3,22 @@
 // parallelism only the rank's slice of each sharded tensor), the page pool and the activation
 // buffers.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/model/cuda_model.h"
 #include "engine/model/cuda_model_internal.h"
+#include "engine/model/kv_scales.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/selection_list.h"
 #include "kernels/ops.h"
@@ -223,6 +227,60 @@ absl::Status CudaModel::CheckDevice() {
   return absl::OkStatus();
 }
 
+// The scale rule of kv_scales.h over the device's bf16 weights (exactly the values the CPU model
+// rounds to): per layer the row bounds of the fused qkv weight's k and v rows (KvRowBounds, in
+// double), then on the host the per-head maximum and the power of two (KvScaleFromBound, the
+// CPU's own function). Under tensor parallelism the buffers hold the rank's rows, so the scales
+// are the rank's heads' slice of the whole model's.
+absl::Status CudaModel::ComputeKvScales() {
+  const ModelConfig& c = config_;
+  Device& d = *dev_;
+  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), hkv = c.num_kv_heads, hd = c.head_dim;
+  DeviceMemory bounds;
+  RETURN_IF_ERROR(bounds.Allocate(static_cast<size_t>(2 * kv_dim) * sizeof(double)));
+  std::vector<double> host(static_cast<size_t>(2 * kv_dim));
+  kv_scales_.assign(static_cast<size_t>(c.num_layers * 2 * hkv), 1.0f);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerBuffers& b = d.layers[static_cast<size_t>(l)];
+    kc::KvRowBoundsParams p;
+    p.out = bounds.as<double>();
+    p.w = b.qkv.bf16() + q_dim * c.hidden_size;  // the k rows, then the v rows
+    p.norm = b.input_norm.bf16();
+    p.bias = b.qkv_bias.bytes() > 0 ? b.qkv_bias.bf16() + q_dim : nullptr;
+    p.rows = 2 * kv_dim;
+    p.hidden = c.hidden_size;
+    RETURN_IF_ERROR(CudaStatus(kc::KvRowBounds(p, d.stream), "KvRowBounds"));
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host.data(), bounds.as<void>(),
+                                               host.size() * sizeof(double),
+                                               cudaMemcpyDeviceToHost, d.stream),
+                               "KV bounds copy"));
+    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "KV bounds copy"));
+    for (int v = 0; v < 2; ++v) {
+      for (int64_t h = 0; h < hkv; ++h) {
+        double bound = 0.0;
+        bool finite = true;
+        for (int64_t i = 0; i < hd; ++i) {
+          const double row = host[static_cast<size_t>(v * kv_dim + h * hd + i)];
+          finite = finite && std::isfinite(row);
+          bound = std::max(bound, row);
+        }
+        if (!finite) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "FP8 KV scales: model.layers.", l, ".self_attn.", v == 0 ? "k" : "v",
+              "_proj (or its bias, or input_layernorm) of KV head ", h,
+              IsSharded(options_.tp) ? " of this tensor-parallel rank" : "",
+              " has non-finite values"));
+        }
+        kv_scales_[static_cast<size_t>(KvScaleIndex(l, v, h, hkv))] = KvScaleFromBound(bound);
+      }
+    }
+  }
+  RETURN_IF_ERROR(d.kv_scales.Allocate(kv_scales_.size() * sizeof(float)));
+  return CudaStatus(cudaMemcpy(d.kv_scales.as<void>(), kv_scales_.data(),
+                               kv_scales_.size() * sizeof(float), cudaMemcpyHostToDevice),
+                    "KV scales upload");
+}
+
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& config,
                                                             const TensorSource& source,
                                                             const CudaModelOptions& options) {
@@ -271,7 +329,8 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
     }
   }
   const int64_t num_slots = num_pages * options.page_size;
-  const size_t kv_bytes = static_cast<size_t>(num_slots * c.kv_dim()) * 2;
+  const size_t kv_bytes =
+      static_cast<size_t>(num_slots * c.kv_dim() * KvCacheElementBytes(options.kv_dtype));
 
   int64_t* wb = &model->weight_bytes_;
   const bool f32 = true, bf16 = false;
@@ -304,6 +363,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
     RETURN_IF_ERROR(b.v_cache.Allocate(kv_bytes));
     model->kv_bytes_ += static_cast<int64_t>(2 * kv_bytes);
   }
+  if (options.kv_dtype == KvCacheDType::kFP8E4M3) RETURN_IF_ERROR(model->ComputeKvScales());
   RETURN_IF_ERROR(UploadTensors(source, {"model.embed_tokens.weight"}, bf16, &d.embed, wb));
   RETURN_IF_ERROR(UploadTensors(source, {"lm_head.weight"}, bf16, &d.lm_head, wb));  // or tied
   RETURN_IF_ERROR(UploadTensors(source, {"model.norm.weight"}, bf16, &d.norm, wb));

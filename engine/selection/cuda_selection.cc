@@ -284,6 +284,8 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       sp.head_inv_sum = d.head_inv_sum;
       sp.query = d.query;
       sp.k_cache = query.k_cache;
+      sp.kv_type = KernelKvType(query.kv_dtype);
+      sp.k_scale = query.k_scale;
       sp.slots = query.token_slots + o.n_init;
       sp.workspace = d.score_workspace;
       sp.n = candidates;
@@ -358,6 +360,8 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
     kc::QuestBoundsParams bp;
     bp.page_bounds = bounds + first * 2 * kv_dim;
     bp.problem.k_cache = query.k_cache;
+    bp.problem.kv_type = KernelKvType(query.kv_dtype);
+    bp.problem.k_scale = query.k_scale;
     bp.problem.slots = query.token_slots + first_token;
     bp.problem.num_tokens = cand_end - first_token;
     bp.problem.num_heads = c.num_heads;

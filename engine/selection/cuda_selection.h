@@ -18,6 +18,9 @@
 // the host ever waiting (kernels/cuda/selection.h). Picks that fall into the moved window are
 // dropped on the device (BuildSelectedList), as on the CPU.
 //
+// An FP8 KV cache (CudaAttentionQuery::kv_dtype) is read by the key scoring and Quest's page
+// bounds, both dequantizing as they read (docs/fp8_kv.md).
+//
 // Other policies (head_vote, tokenselect_span, infllm, cascade) have no GPU provider yet, and the
 // scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
 // Unimplemented naming the policy (or the shape) otherwise. Quest keeps its page bounds per
