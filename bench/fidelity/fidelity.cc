@@ -207,8 +207,21 @@ absl::StatusOr<FidelityReport> RunFidelity(const engine::Model& model,
                    engine::PagePool::Create(model.KvCacheOptions(pages, options.page_size)));
 
   // (a) and the dense reference: one dense run with the probe.
+  // FP8: the policies' model (same weights, FP8 cache) and its scales for the probe.
+  std::unique_ptr<engine::Model> fp8_model;
+  if (options.kv_dtype == engine::KvCacheDType::kFP8E4M3) {
+    if (model.options().kv_dtype == engine::KvCacheDType::kFP8E4M3) {
+      return absl::InvalidArgumentError(
+          "fidelity: kv_dtype fp8 needs a reference model with an unquantized cache");
+    }
+    engine::ModelOptions fp8_options = model.options();
+    fp8_options.kv_dtype = engine::KvCacheDType::kFP8E4M3;
+    ASSIGN_OR_RETURN(fp8_model, engine::Model::Create(config, model.weights(), fp8_options));
+  }
+  const engine::Model& policy_model = fp8_model != nullptr ? *fp8_model : model;
   ASSIGN_OR_RETURN(std::unique_ptr<ProbeAttention> probe,
-                   ProbeAttention::Create(options.policies, options.selection, config.num_layers));
+                   ProbeAttention::Create(options.policies, options.selection, config.num_layers,
+                                          policy_model.kv_scales()));
   const StepHook hook = [&](bool last_prefill_chunk, int64_t decode_step) {
     using Phase = ProbeAttention::Phase;
     if (last_prefill_chunk && options.probe_last_prefill_chunk) {
@@ -238,7 +251,7 @@ absl::StatusOr<FidelityReport> RunFidelity(const engine::Model& model,
     if (options.probe_last_prefill_chunk) {
       p.prefill_layers = probe->Results(i, ProbeAttention::Phase::kPrefill);
     }
-    RETURN_IF_ERROR(ComparePolicy(model, pool.get(), prompt, options, dense, &p));
+    RETURN_IF_ERROR(ComparePolicy(policy_model, pool.get(), prompt, options, dense, &p));
     report.policies.push_back(std::move(p));
   }
   report.seconds = watch.ElapsedSeconds();

@@ -16,6 +16,13 @@
 //       equal positions and the first position where they differ.
 // Policies are named as engine::ParsePolicy accepts them, so a policy added to the engine is
 // measured without changes here.
+//
+// FP8 KV cache (FidelityOptions::kv_dtype = kFP8E4M3, docs/fp8_kv.md): the dense reference stays
+// the model as given (unquantized cache), and every policy runs with the CPU's FP8 simulation of
+// the cache: in (a) the policies select over, and their outputs O_hat attend to, the K/V
+// quantized with the model's scales (float(e4m3(x / s)) * s), in (b) and (c) they run on a copy
+// of the model with ModelOptions::kv_dtype = kFP8E4M3. Policy "dense" then measures the FP8
+// cache alone.
 #ifndef TOKENSELECT_BENCH_FIDELITY_FIDELITY_H_
 #define TOKENSELECT_BENCH_FIDELITY_FIDELITY_H_
 
@@ -25,6 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/model/kv_cache_dtype.h"
 #include "engine/model/model.h"
 #include "engine/selection/selection_cache.h"
 #include "engine/selection/selection_options.h"
@@ -39,6 +47,8 @@ struct FidelityOptions {
   int64_t continuation_tokens = 32;  // greedy tokens compared for (b) and (c)
   bool probe_last_prefill_chunk = true;
   int64_t page_size = 16;
+  // The policies' KV cache (see above); the dense reference is always the model as given.
+  engine::KvCacheDType kv_dtype = engine::KvCacheDType::kBF16;
 };
 
 // One layer's probe metrics over the measured steps.
@@ -77,8 +87,9 @@ struct FidelityReport {
 };
 
 // Runs the measurement. InvalidArgument for an empty prompt, an unknown policy name (from
-// engine::ParsePolicy), invalid selection options, decode_steps < 0 or continuation_tokens < 1;
-// errors of the forward passes are returned as they are.
+// engine::ParsePolicy), invalid selection options, decode_steps < 0 or continuation_tokens < 1,
+// or an FP8 run of a model that already has an FP8 cache; errors of the forward passes (and of
+// the FP8 model's creation) are returned as they are.
 absl::StatusOr<FidelityReport> RunFidelity(const engine::Model& model,
                                            absl::Span<const int32_t> prompt,
                                            const FidelityOptions& options);

@@ -5,9 +5,12 @@
 //                  [--prompt_file PATH | --prompt_tokens N] [--policies a,b,...|all]
 //                  [--k K --n_init I --n_local L --chunk_size C --theta T]
 //                  [--decode_steps 8] [--continuation_tokens 32] [--json PATH]
+//                  [--kv_dtype bf16|fp8]
 // Without --model, --preset (default llama-gqa) writes a demo checkpoint (weights and trained
 // tokenizer) into a temporary directory. --load_format dummy without --model uses the preset's
 // config with dummy weights in memory and no tokenizer (the prompt is then synthetic ids).
+// --kv_dtype fp8 runs the policies with the FP8 KV cache simulation against the unquantized dense
+// reference (add "dense" to --policies to measure the FP8 cache alone; docs/fp8_kv.md).
 #include <omp.h>
 
 #include <cstdio>
@@ -30,6 +33,7 @@
 #include "engine/generation/demo_checkpoint.h"
 #include "engine/generation/model_loader.h"
 #include "engine/model/dummy_weights.h"
+#include "engine/model/kv_cache_dtype.h"
 #include "engine/model/model_presets.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face checkpoint directory.");
@@ -54,6 +58,8 @@ ABSL_FLAG(int64_t, continuation_tokens, 32, "greedy continuation length (metrics
 ABSL_FLAG(bool, probe_prefill, true, "also probe the prompt's last prefill chunk.");
 ABSL_FLAG(std::string, json, "", "also write the report as JSON to this path.");
 ABSL_FLAG(int32_t, threads, 0, "OpenMP threads (0: the OpenMP default).");
+ABSL_FLAG(std::string, kv_dtype, "bf16",
+          "the policies' KV cache: bf16 (as the model computes it) or fp8 (e4m3 simulation).");
 
 namespace tokenselect::bench {
 namespace {
@@ -134,6 +140,7 @@ absl::Status Run() {
   options.decode_steps = absl::GetFlag(FLAGS_decode_steps);
   options.continuation_tokens = absl::GetFlag(FLAGS_continuation_tokens);
   options.probe_last_prefill_chunk = absl::GetFlag(FLAGS_probe_prefill);
+  ASSIGN_OR_RETURN(options.kv_dtype, engine::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_dtype)));
 
   ASSIGN_OR_RETURN(FidelityReport report, RunFidelity(*loaded.model, prompt, options));
   const std::string text = FormatReport(report);

@@ -8,6 +8,8 @@
 #include "common/status.h"
 #include "engine/kvcache/page_pool.h"
 #include "engine/kvcache/token_table.h"
+#include "engine/model/fp8.h"
+#include "engine/model/kv_scales.h"
 #include "engine/model/model_config.h"
 #include "kernels/ops.h"
 
@@ -64,8 +66,13 @@ LayerFidelity LayerAccumulator::Finish(int64_t layer) const {
 
 absl::StatusOr<std::unique_ptr<ProbeAttention>> ProbeAttention::Create(
     const std::vector<std::string>& policies, const engine::SelectionOptions& selection,
-    int64_t num_layers) {
+    int64_t num_layers, std::vector<float> kv_scales) {
   std::unique_ptr<ProbeAttention> probe(new ProbeAttention());
+  probe->kv_scales_ = std::move(kv_scales);
+  if (!probe->kv_scales_.empty()) {
+    probe->shadow_k_.resize(num_layers);
+    probe->shadow_v_.resize(num_layers);
+  }
   for (const std::string& name : policies) {
     PolicyProbe p;
     p.name = name;
@@ -79,16 +86,47 @@ absl::StatusOr<std::unique_ptr<ProbeAttention>> ProbeAttention::Create(
   return probe;
 }
 
+engine::AttentionQuery ProbeAttention::Shadow(const engine::AttentionQuery& query) {
+  const engine::ModelConfig& c = *query.config;
+  const int64_t kv_dim = c.kv_dim(), d = c.head_dim, hkv = c.num_kv_heads;
+  const int64_t num_slots = query.table->pool()->num_slots();
+  std::vector<float>& k = shadow_k_[query.layer];
+  std::vector<float>& v = shadow_v_[query.layer];
+  if (static_cast<int64_t>(k.size()) != num_slots * kv_dim) {
+    k.assign(num_slots * kv_dim, 0.0f);
+    v.assign(num_slots * kv_dim, 0.0f);
+  }
+  // Every token's K/V is final once written: only the step's new tokens are quantized.
+  new_slots_.resize(query.num_new);
+  query.table->Slots(query.cache_length, query.cache_length + query.num_new, new_slots_.data());
+  for (int32_t slot : new_slots_) {
+    for (int64_t j = 0; j < kv_dim; ++j) {
+      const int64_t i = slot * kv_dim + j, head = j / d;
+      k[i] = engine::QuantizeDequantizeE4m3(
+          query.k_cache[i], kv_scales_[engine::KvScaleIndex(query.layer, 0, head, hkv)]);
+      v[i] = engine::QuantizeDequantizeE4m3(
+          query.v_cache[i], kv_scales_[engine::KvScaleIndex(query.layer, 1, head, hkv)]);
+    }
+  }
+  engine::AttentionQuery shadow = query;
+  shadow.k_cache = k.data();
+  shadow.v_cache = v.data();
+  return shadow;
+}
+
 absl::Status ProbeAttention::Select(const engine::AttentionQuery& query,
                                     engine::AttentionList* list) {
   RETURN_IF_ERROR(dense_.Select(query, list));
+  // The shadow must hold every token the policies may select, so it follows every step.
+  const engine::AttentionQuery policy_query = kv_scales_.empty() ? query : Shadow(query);
   if (phase_ == Phase::kOff) return absl::OkStatus();
-  for (PolicyProbe& p : probes_) RETURN_IF_ERROR(p.attention->Select(query, &p.list));
-  if (phase_ != Phase::kFeed) Measure(query, *list);
+  for (PolicyProbe& p : probes_) RETURN_IF_ERROR(p.attention->Select(policy_query, &p.list));
+  if (phase_ != Phase::kFeed) Measure(query, policy_query, *list);
   return absl::OkStatus();
 }
 
 void ProbeAttention::Measure(const engine::AttentionQuery& query,
+                             const engine::AttentionQuery& policy_query,
                              const engine::AttentionList& dense) {
   const int64_t total = query.cache_length + query.num_new;
   const int64_t num_slots = query.table->pool()->num_slots();
@@ -111,7 +149,7 @@ void ProbeAttention::Measure(const engine::AttentionQuery& query,
   dense_norm = std::sqrt(dense_norm);
   const int64_t rows = query.num_new * query.config->num_heads;
   for (PolicyProbe& p : probes_) {
-    Attend(query, p.list, &out_policy_);
+    Attend(policy_query, p.list, &out_policy_);
     double diff = 0;
     for (size_t i = 0; i < out_dense_.size(); ++i) {
       const double d = static_cast<double>(out_dense_[i]) - out_policy_[i];
@@ -124,7 +162,7 @@ void ProbeAttention::Measure(const engine::AttentionQuery& query,
       true_list_.kv_positions[j] = slot_to_token_[true_list_.kv_slots[j]];
     }
     true_list_.q_positions = dense.q_positions;
-    Attend(query, true_list_, &out_policy_);
+    Attend(policy_query, true_list_, &out_policy_);
     double diff_true = 0;
     for (size_t i = 0; i < out_dense_.size(); ++i) {
       const double d = static_cast<double>(out_dense_[i]) - out_policy_[i];

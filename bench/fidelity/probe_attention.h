@@ -12,6 +12,9 @@
 // The policies' providers see every step from the first prefill chunk to the last measured one
 // (kFeed steps are run through them unmeasured), so stateful policies and the selection caches
 // evolve as in a real request (teacher-forced on the dense queries). Later steps skip them.
+// With FP8 scales (Create's kv_scales, kv_scales.h layout) the policies see a shadow of the
+// cache holding every K/V value quantized and dequantized with its head's scale: they select on
+// it and O_hat attends to it, while O (and the coverage) use the exact cache.
 #ifndef TOKENSELECT_BENCH_FIDELITY_PROBE_ATTENTION_H_
 #define TOKENSELECT_BENCH_FIDELITY_PROBE_ATTENTION_H_
 
@@ -43,11 +46,12 @@ class ProbeAttention : public engine::AttentionListProvider {
   // the policies select and the step is measured as that phase.
   enum class Phase { kOff, kFeed, kPrefill, kDecode };
 
-  // One SelectionAttention per policy with `selection` (policy replaced). Errors from
-  // engine::ParsePolicy and SelectionAttention::Create.
+  // One SelectionAttention per policy with `selection` (policy replaced). kv_scales: empty, or
+  // the FP8 scales [num_layers, 2, num_kv_heads] the policies' cache is quantized with. Errors
+  // from engine::ParsePolicy and SelectionAttention::Create.
   static absl::StatusOr<std::unique_ptr<ProbeAttention>> Create(
       const std::vector<std::string>& policies, const engine::SelectionOptions& selection,
-      int64_t num_layers);
+      int64_t num_layers, std::vector<float> kv_scales = {});
 
   // What the following forward steps are measured as (kOff: not measured).
   void set_phase(Phase phase) { phase_ = phase; }
@@ -68,7 +72,12 @@ class ProbeAttention : public engine::AttentionListProvider {
   };
 
   ProbeAttention() = default;
-  void Measure(const engine::AttentionQuery& query, const engine::AttentionList& dense);
+  // `policy_query`: the query the policies see (the FP8 shadow cache, or `query` itself).
+  void Measure(const engine::AttentionQuery& query, const engine::AttentionQuery& policy_query,
+               const engine::AttentionList& dense);
+  // FP8: quantizes the step's new tokens into the layer's shadow K/V and returns the query
+  // over the shadow.
+  engine::AttentionQuery Shadow(const engine::AttentionQuery& query);
   // Writes the dense probabilities' coverage of every policy into PolicyProbe::covered.
   void DenseCoverage(const engine::AttentionQuery& query, const engine::AttentionList& dense);
 
@@ -79,6 +88,9 @@ class ProbeAttention : public engine::AttentionListProvider {
   std::vector<int32_t> slot_to_token_;
   std::vector<float> out_dense_, out_policy_, q_rot_, k_rot_, probs_;
   std::vector<int32_t> positions_;
+  std::vector<float> kv_scales_;                         // FP8 only
+  std::vector<std::vector<float>> shadow_k_, shadow_v_;  // FP8: per layer [num_slots, kv_dim]
+  std::vector<int32_t> new_slots_;
 };
 
 }  // namespace tokenselect::bench

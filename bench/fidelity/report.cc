@@ -58,10 +58,13 @@ std::string FormatReport(const FidelityReport& report) {
   const engine::SelectionOptions& s = o.selection;
   std::string out = absl::StrFormat(
       "fidelity: prompt %d tokens, %d layers, budget n_init %d + k %d + n_local %d, chunk %d, "
-      "theta %.3f\n  probe: %d decode steps%s; continuation %d tokens; %.1f s\n",
+      "theta %.3f\n  probe: %d decode steps%s; continuation %d tokens; policies' KV cache %s%s; "
+      "%.1f s\n",
       report.prompt_tokens, report.num_layers, s.n_init, s.k, s.n_local, s.chunk_size, s.theta,
       o.decode_steps, o.probe_last_prefill_chunk ? " + last prefill chunk" : "",
-      o.continuation_tokens, report.seconds);
+      o.continuation_tokens, engine::KvCacheDTypeName(o.kv_dtype),
+      o.kv_dtype == engine::KvCacheDType::kFP8E4M3 ? " (dense reference unquantized)" : "",
+      report.seconds);
   absl::StrAppend(&out, "  dense continuation: ", absl::StrJoin(report.dense_tokens, " "), "\n");
   for (const PolicyFidelity& p : report.policies) {
     absl::StrAppend(&out, "\n== ", p.policy, " ==\n");
@@ -113,7 +116,8 @@ std::string ReportToJson(const FidelityReport& report) {
                   {"theta", o.selection.theta},
                   {"decode_steps", o.decode_steps},
                   {"continuation_tokens", o.continuation_tokens},
-                  {"probe_last_prefill_chunk", o.probe_last_prefill_chunk}};
+                  {"probe_last_prefill_chunk", o.probe_last_prefill_chunk},
+                  {"kv_dtype", engine::KvCacheDTypeName(o.kv_dtype)}};
   j["dense_tokens"] = report.dense_tokens;
   nlohmann::json policies = nlohmann::json::array();
   for (const PolicyFidelity& p : report.policies) {

@@ -136,6 +136,40 @@ TEST(FidelityTest, TinyBudgetTokenSelectCoversMoreMassThanStreaming) {
             MeanOverLayers(streaming.prefill_layers).coverage_mean);
 }
 
+// --kv_dtype fp8: with a budget covering the cache, "dense" (every token) differs from the
+// reference by the FP8 cache alone; the probe's error is the quantization's, small but not 0.
+TEST(FidelityTest, Fp8CacheAloneIsMeasuredAgainstTheExactDense) {
+  const std::unique_ptr<engine::Model> model = TinyModel();
+  const std::vector<int32_t> prompt = SyntheticPromptIds(512, 40, /*seed=*/5);
+  FidelityOptions options;
+  options.selection.n_init = 4;
+  options.selection.k = 1024;
+  options.selection.n_local = 16;
+  options.selection.chunk_size = 16;
+  options.policies = {"dense", "tokenselect"};
+  options.decode_steps = 3;
+  options.continuation_tokens = 6;
+  options.kv_dtype = engine::KvCacheDType::kFP8E4M3;
+  absl::StatusOr<FidelityReport> report = RunFidelity(*model, prompt, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  for (const PolicyFidelity& p : report->policies) {
+    SCOPED_TRACE(p.policy);
+    for (const auto* layers : {&p.decode_layers, &p.prefill_layers}) {
+      for (const LayerFidelity& l : *layers) {
+        EXPECT_GT(l.error_mean, 0.0);   // quantized K/V
+        EXPECT_LT(l.error_max, 0.25);   // e4m3: a few percent per value
+        EXPECT_DOUBLE_EQ(l.coverage_mean, 1.0);  // every token is still attended
+      }
+    }
+    EXPECT_GT(p.kl_max, 0.0);
+    for (double kl : p.kl) EXPECT_TRUE(std::isfinite(kl));
+  }
+  // Same budget covering everything: both policies are the same FP8 dense run.
+  EXPECT_EQ(report->policies[0].kl, report->policies[1].kl);
+  EXPECT_NE(FormatReport(*report).find("KV cache fp8"), std::string::npos);
+  EXPECT_NE(ReportToJson(*report).find("\"kv_dtype\": \"fp8\""), std::string::npos);
+}
+
 TEST(FidelityTest, RejectsBadInput) {
   const std::unique_ptr<engine::Model> model = TinyModel();
   const std::vector<int32_t> prompt = SyntheticPromptIds(512, 8, 1);
