@@ -43,11 +43,14 @@
 //
 // FP8 cache (kFp8): the stages hold the tile's raw e4m3 rows ([16][D] bytes of K and of V, one
 // 16 B cp.async per lane and row piece: half the bytes of bf16) and there are kStages + 1 of
-// them (the same bytes in flight in fewer copies); once a tile lands, the warp dequantizes it
-// (e4m3 -> half -> float, times the kv head's scale, exact in bf16) into one bf16 stage of the
-// layout above, and everything after that is the bf16 code: bit for bit the bf16 result over
-// the dequantized cache. Shared memory: 4 x (4 x 4160 + 8704) B of stages at d = 128, ~110 KiB
-// per block (two blocks per SM still).
+// them (the same bytes in flight in fewer copies); once a tile lands, the warp converts it
+// (e4m3 -> half -> bf16, exact; 8 elements per lane and store, conflict-free) into one bf16
+// stage of the layout above, and everything after that is the bf16 code. The kv head's scales
+// (powers of two) stay out of the loop: Q's fragments are built times K's scale, and O is
+// multiplied by V's when the warps' states are stored. Rounding commutes with power-of-two
+// scaling, so every score, probability and output is exactly the bf16 kernel's over the
+// dequantized cache: bit for bit its result. Shared memory: 4 x (4 x 4160 + 8704) B of stages
+// at d = 128, ~103 KiB per block (two blocks per SM still).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -191,7 +194,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     if (g < G) {
       const __nv_bfloat16* qrow = p.q + (static_cast<int64_t>(b) * p.num_heads + kv * G + g) * D;
       const float q_pos = static_cast<float>(p.q_positions[b]);
-      const float qscale = p.scale * kLog2e;
+      // FP8: times K's scale (exact), which the converted K tiles leave out.
+      const float qscale = p.scale * kLog2e * (kFp8 ? __ldg(p.k_scale + kv) : 1.0f);
 #pragma unroll
       for (int kk = 0; kk < KH; ++kk) {
 #pragma unroll
@@ -236,7 +240,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   // stores, the shared address for ldmatrix).
   unsigned char* my_bf16 = sm_dyn + warp * WarpStageBytes<D, kFp8>() + NS * RawStage::kBytes;
   const uint32_t my_bf16_addr = my_stages + NS * RawStage::kBytes;
-  const float k_scale = kFp8 ? p.k_scale[kv] : 1.0f, v_scale = kFp8 ? p.v_scale[kv] : 1.0f;
   // ldmatrix row address of this lane within a stage's K (or V) rows: matrix l / 8 is
   // (tokens 8 (l / 16) .., dims 8 ((l / 8) % 2) ..), row l % 8.
   const uint32_t ld_off =
@@ -301,20 +304,20 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     const uint32_t stage = my_stages + stage_idx * kStageBytes;
     uint32_t rows = stage;  // the tile's bf16 K rows (V rows follow)
     if constexpr (kFp8) {
-      // Dequantize the raw rows into the bf16 stage: per lane 16 e4m3 in, 2 x 16 B out.
-      const unsigned char* raw = sm_dyn + (stage - my_stages) + warp * WarpStageBytes<D, kFp8>();
+      // Convert the raw rows into the bf16 stage: per lane 8 e4m3 in (8 B), 8 bf16 out (16 B),
+      // consecutive lanes at consecutive addresses (conflict-free).
+      const unsigned char* raw = sm_dyn + warp * WarpStageBytes<D, kFp8>() + (stage - my_stages);
+      constexpr int kChunks8B = D / 8;  // 8-element chunks per row
 #pragma unroll
       for (int kvi = 0; kvi < 2; ++kvi) {
-        const float scale = kvi == 0 ? k_scale : v_scale;
 #pragma unroll
-        for (int i = 0; i < kTile * CPR8 / 32; ++i) {
-          const int c = i * 32 + lane, r = c / CPR8, cc = c % CPR8;
-          const uint4 in =
-              *reinterpret_cast<const uint4*>(raw + kvi * RawStage::kRowsBytes + r * D + cc * 16);
-          uint4* out = reinterpret_cast<uint4*>(my_bf16 + kvi * Stage::kRowsBytes +
-                                                (r * Stage::kRowElems + cc * 16) * 2);
-          out[0] = kv_internal::Fp8x8ToBf16x8(make_uint2(in.x, in.y), scale);
-          out[1] = kv_internal::Fp8x8ToBf16x8(make_uint2(in.z, in.w), scale);
+        for (int i = 0; i < kTile * kChunks8B / 32; ++i) {
+          const int c = i * 32 + lane, r = c / kChunks8B, cc = c % kChunks8B;
+          const uint2 in =
+              *reinterpret_cast<const uint2*>(raw + kvi * RawStage::kRowsBytes + r * D + cc * 8);
+          *reinterpret_cast<uint4*>(my_bf16 + kvi * Stage::kRowsBytes +
+                                    (r * Stage::kRowElems + cc * 8) * 2) =
+              kv_internal::Fp8x8ToBf16x8Unscaled(in);
         }
       }
       __syncwarp();  // the bf16 stage is complete
@@ -430,6 +433,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   __syncthreads();
   auto sm_acc = reinterpret_cast<float(*)[G][D]>(sm_dyn);
+  const float v_scale = kFp8 ? __ldg(p.v_scale + kv) : 1.0f;  // FP8: left out of the V tiles
   auto sm_ml = reinterpret_cast<float2(*)[G]>(sm_dyn + sizeof(float) * kDecodeWarps * G * D);
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
@@ -437,8 +441,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     if (head < G) {
 #pragma unroll
       for (int c = 0; c < KS; ++c) {
-        sm_acc[warp][head][16 * c + g] = o[c][e];
-        sm_acc[warp][head][16 * c + 8 + g] = o[c][2 + e];
+        sm_acc[warp][head][16 * c + g] = o[c][e] * v_scale;
+        sm_acc[warp][head][16 * c + 8 + g] = o[c][2 + e] * v_scale;
       }
     }
   }

@@ -33,9 +33,11 @@
 // of keys (80% of a measured 4.57 TB/s pure read). bench_read_pattern_cuda shows the access
 // pattern itself reaches ~4.2 TB/s with enough loads in flight per SM.
 
-// FP8 keys (kFp8): each lane loads 8 B (its 8 dims as e4m3) instead of 16 and dequantizes them
-// (e4m3 -> half -> float, times its kv head's scale) before the same arithmetic: the same
-// coalescing (a warp reads 32 x 8 contiguous bytes per kv-head group) and half the bytes.
+// FP8 keys (kFp8): each lane loads 8 B (its 8 dims as e4m3) instead of 16 and converts them
+// (e4m3 -> half -> float) before the same arithmetic: the same coalescing (a warp reads 32 x 8
+// contiguous bytes per kv-head group) and half the bytes. The kv head's power-of-two scale is
+// folded into the lane's query registers instead (q * s times float(e4m3) is exactly q times
+// the dequantized key), so the logits are bit for bit those of the dequantized bf16 keys.
 
 // The skip flag (selection.h): every kernel returns before writing anything when it is set; the
 // score kernel's workspace counter then stays at 0, ready for the next launch.
@@ -149,12 +151,14 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
   const bool kv_ok = kv < p.num_kv_heads;
   const int num_heads = static_cast<int>(p.num_heads);
 
+  // FP8: the query times the kv head's key scale (exact), which the key loop leaves out.
+  const float k_scale = kFp8 && kv_ok ? p.k_scale[kv] : 1.0f;
   float q[G][8];
 #pragma unroll
   for (int gi = 0; gi < G; ++gi) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      q[gi][e] = kv_ok ? p.query[(kv * G + gi) * D + sub * 8 + e] : 0.0f;
+      q[gi][e] = kv_ok ? p.query[(kv * G + gi) * D + sub * 8 + e] * k_scale : 0.0f;
     }
   }
   float2 stats[VPL];
@@ -169,7 +173,6 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
   // the compiler issues a step's T key loads back to back; the next step's slot ids are fetched
   // before this step's arithmetic, so the slot -> key dependency costs no extra latency.
   const int kv_load = kv_ok ? kv : static_cast<int>(p.num_kv_heads) - 1;
-  const float k_scale = kFp8 ? p.k_scale[kv_load] : 1.0f;
   const int64_t stride = static_cast<int64_t>(rows) * T;
   int64_t base = begin + static_cast<int64_t>(row) * T;
   int32_t slot[T];
@@ -202,7 +205,7 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       float k8[8];
-      UnpackKeys8(raw[t], k_scale, k8);
+      UnpackKeys8(raw[t], 1.0f, k8);
 #pragma unroll
       for (int gi = 0; gi < G; ++gi) {
         float acc = 0.0f;
