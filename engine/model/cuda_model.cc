@@ -385,21 +385,9 @@ absl::Status CudaModel::Step(absl::Span<const StepRow> rows, absl::Span<const in
                              "copy"));
   RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(d.q_indptr.as<int32_t>(), q_indptr, 8, cudaMemcpyHostToDevice, s), "copy"));
-  // Tensor parallelism: the host waits, before enqueueing layer l, for its GPU to finish layer
-  // l - 2. A rank whose host runs far ahead of a slow GPU (long attention at long contexts)
-  // fills the launch queue and blocks inside a launch, where it can hold up the other ranks'
-  // launches of the collectives its own GPU is waiting for; two layers keep the queue short
-  // and the GPU fed.
-  const bool sharded = IsSharded(options_.tp);
   for (int64_t l = 0; l < config_.num_layers; ++l) {
-    if (sharded && l >= 2) {
-      RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(d.layer_done[l % 2]), "layer wait"));
-    }
     RETURN_IF_ERROR(RunSegment(l, m, logits_rows));
     for (const StepRow& r : rows) RETURN_IF_ERROR(Attention(l, r));
-    if (sharded) {
-      RETURN_IF_ERROR(CudaStatus(cudaEventRecord(d.layer_done[l % 2], s), "layer event"));
-    }
   }
   RETURN_IF_ERROR(RunSegment(config_.num_layers, m, logits_rows));
   for (const StepRow& r : rows) r.seq->length_ += r.count;

@@ -104,14 +104,8 @@ struct CudaModel::Device {
   // Decode-step graphs of segments 0..num_layers (see EnqueueSegment) per batch size m,
   // captured on first use.
   std::map<int64_t, std::vector<cudaGraphExec_t>> graphs;
-  // Tensor parallelism only: events recorded after each layer (alternating), so that the host
-  // never runs more than two layers ahead of its GPU (CudaModel::Step says why).
-  cudaEvent_t layer_done[2] = {nullptr, nullptr};
 
   ~Device() {
-    for (cudaEvent_t e : layer_done) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
     for (auto& [m, execs] : graphs) {
       for (cudaGraphExec_t g : execs) {
         if (g != nullptr) cudaGraphExecDestroy(g);

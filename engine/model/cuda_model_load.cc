@@ -18,6 +18,7 @@
 #include "engine/model/kv_scales.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/kernel_attributes.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/selection_list.h"
@@ -318,6 +319,10 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
   const int64_t group = c.group_size();
   d.tuned_attention = (c.head_dim == 64 || c.head_dim == 128) &&
                       (group == 1 || group == 2 || group == 4 || group == 8);
+  // The tuned kernels' shared-memory opt-ins, now: never inside a step (kernel_attributes.h).
+  if (d.tuned_attention) {
+    RETURN_IF_ERROR(CudaStatus(kc::PrepareAttentionKernels(), "attention kernel setup"));
+  }
 
   // Pages in a scrambled order (odd pages first, then even ones, each descending): slots of
   // consecutive tokens are not consecutive, as in a pool shared by many requests.
@@ -405,10 +410,6 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
       }
     }
     RETURN_IF_ERROR(d.attention_workspace.Allocate(ws));
-    for (cudaEvent_t& e : d.layer_done) {
-      RETURN_IF_ERROR(
-          CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
-    }
     for (int64_t r = 0; r < options.max_batch; ++r) {
       d.dense_rows.push_back(std::make_unique<CudaDenseAttention>());
       RETURN_IF_ERROR(CudaDenseAttention::Create(options.max_chunk, d.dense_rows.back().get()));

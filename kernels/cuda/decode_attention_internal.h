@@ -73,6 +73,9 @@ __device__ __forceinline__ void WriteSplitResult(const DecodeAttentionParams& p,
 
 // Tensor-core split kernel (decode_attention_mma.cu), D in {64, 128}, G in {1, 2, 4, 8}; kFp8:
 // an e4m3 cache.
+// Every LaunchDecodeSplitMma instantiation's shared-memory opt-in on the current device
+// (kernel_attributes.h); PrepareAttentionKernels calls it.
+cudaError_t ConfigureDecodeMmaKernels();
 template <int D, int G, bool kFp8>
 cudaError_t LaunchDecodeSplitMma(const DecodeAttentionParams& p, const DecodeWorkspace& ws,
                                  cudaStream_t stream);

@@ -59,6 +59,7 @@
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention_internal.h"
+#include "kernels/cuda/kernel_attributes.h"
 #include "kernels/cuda/kv_cache_load.cuh"
 
 namespace tokenselect::kernels::cuda::internal {
@@ -240,6 +241,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   // stores, the shared address for ldmatrix).
   unsigned char* my_bf16 = sm_dyn + warp * WarpStageBytes<D, kFp8>() + NS * RawStage::kBytes;
   const uint32_t my_bf16_addr = my_stages + NS * RawStage::kBytes;
+
   // ldmatrix row address of this lane within a stage's K (or V) rows: matrix l / 8 is
   // (tokens 8 (l / 16) .., dims 8 ((l / 8) % 2) ..), row l % 8.
   const uint32_t ld_off =
@@ -453,24 +455,37 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
 
 }  // namespace
 
+// The kernel's shared-memory opt-in on the current device, once (kernel_attributes.h).
+template <int D, int G, bool kFp8>
+cudaError_t ConfigureDecodeSplitMma() {
+  static std::atomic<uint64_t> done{0};
+  return OptInSharedMemoryOnce(DecodeSplitMmaKernel<D, G, kFp8>, MmaSharedBytes<D, G, kFp8>(),
+                               &done);
+}
+
+template <int D, bool kFp8>
+cudaError_t ConfigureDecodeDim() {
+  for (cudaError_t e : {ConfigureDecodeSplitMma<D, 1, kFp8>(), ConfigureDecodeSplitMma<D, 2, kFp8>(),
+                        ConfigureDecodeSplitMma<D, 4, kFp8>(),
+                        ConfigureDecodeSplitMma<D, 8, kFp8>()}) {
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t ConfigureDecodeMmaKernels() {
+  for (cudaError_t e : {ConfigureDecodeDim<64, false>(), ConfigureDecodeDim<128, false>(),
+                        ConfigureDecodeDim<64, true>(), ConfigureDecodeDim<128, true>()}) {
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 template <int D, int G, bool kFp8>
 cudaError_t LaunchDecodeSplitMma(const DecodeAttentionParams& p, const DecodeWorkspace& ws,
                                  cudaStream_t stream) {
   constexpr size_t smem = MmaSharedBytes<D, G, kFp8>();
-  // The shared-memory opt-in is a per-device attribute of the kernel: one bit per device that
-  // has it (one process may drive several GPUs, e.g. the ranks of tensor parallelism, from
-  // several threads). A launch on a device without it fails, and under tensor parallelism a
-  // rank that fails leaves the others waiting in their next all-reduce.
-  static std::atomic<uint64_t> configured{0};  // per instantiation
-  int device = 0;
-  TS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((configured.load(std::memory_order_acquire) & bit) == 0) {
-    TS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(DecodeSplitMmaKernel<D, G, kFp8>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem)));
-    configured.fetch_or(bit, std::memory_order_release);
-  }
+  TS_CUDA_RETURN_IF_ERROR((ConfigureDecodeSplitMma<D, G, kFp8>()));
   const dim3 grid(p.num_splits, static_cast<unsigned>(p.num_kv_heads),
                   static_cast<unsigned>(p.batch));
   DecodeSplitMmaKernel<D, G, kFp8><<<grid, kDecodeWarps * 32, smem, stream>>>(p, ws);

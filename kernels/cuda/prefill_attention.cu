@@ -57,6 +57,7 @@
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention_internal.h"
+#include "kernels/cuda/kernel_attributes.h"
 #include "kernels/cuda/kv_cache_load.cuh"
 #include "kernels/cuda/prefill_attention_kernel.cuh"
 
@@ -242,6 +243,15 @@ size_t PrefillAttentionWorkspaceBytes(int64_t total_q, int64_t num_heads, int64_
                                       int num_splits) {
   if (num_splits <= 1) return 0;
   return static_cast<size_t>(total_q * num_heads * num_splits * (head_dim + 1)) * sizeof(float);
+}
+
+cudaError_t PrepareAttentionKernels() {
+  for (cudaError_t e : {prefill_internal::ConfigurePrefillKernels<false>(),
+                        prefill_internal::ConfigurePrefillKernelsFp8(),
+                        internal::ConfigureDecodeMmaKernels()}) {
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t PrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream) {

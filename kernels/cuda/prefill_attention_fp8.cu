@@ -13,4 +13,6 @@ cudaError_t PrefillAttentionFp8(const PrefillAttentionParams& p, int64_t group,
   return DispatchPrefillDim<true>(p, group, stream);
 }
 
+cudaError_t ConfigurePrefillKernelsFp8() { return ConfigurePrefillKernels<true>(); }
+
 }  // namespace tokenselect::kernels::cuda::prefill_internal

@@ -9,11 +9,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention_internal.h"
+#include "kernels/cuda/kernel_attributes.h"
 #include "kernels/cuda/kv_cache_load.cuh"
 #include "kernels/cuda/prefill_attention.h"
 
@@ -538,6 +540,24 @@ __global__ void __launch_bounds__(256) PrefillMergeKernel(PrefillAttentionParams
   }
 }
 
+// The kernel's shared-memory opt-in on the current device, once (kernel_attributes.h).
+template <int D, int G, bool kFp8>
+cudaError_t ConfigurePrefill() {
+  static std::atomic<uint64_t> done{0};
+  return OptInSharedMemoryOnce(PrefillKernel<D, G, kFp8>, PrefillSmemBytes<D, kFp8>(), &done);
+}
+
+template <bool kFp8>
+cudaError_t ConfigurePrefillKernels() {
+  for (cudaError_t e : {ConfigurePrefill<64, 1, kFp8>(), ConfigurePrefill<64, 2, kFp8>(),
+                        ConfigurePrefill<64, 4, kFp8>(), ConfigurePrefill<64, 8, kFp8>(),
+                        ConfigurePrefill<128, 1, kFp8>(), ConfigurePrefill<128, 2, kFp8>(),
+                        ConfigurePrefill<128, 4, kFp8>(), ConfigurePrefill<128, 8, kFp8>()}) {
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 template <int D, int G, bool kFp8>
 cudaError_t LaunchPrefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   SplitWorkspace ws{nullptr, nullptr};
@@ -546,9 +566,7 @@ cudaError_t LaunchPrefill(const PrefillAttentionParams& p, cudaStream_t stream) 
     ws.partial_lse = ws.partial_out + p.total_q * p.num_heads * p.num_splits * D;
   }
   constexpr size_t kSmem = PrefillSmemBytes<D, kFp8>();
-  TS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(PrefillKernel<D, G, kFp8>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kSmem)));
+  TS_CUDA_RETURN_IF_ERROR((ConfigurePrefill<D, G, kFp8>()));
   const int64_t q_tiles = (p.max_q_len * G + kBM - 1) / kBM;
   const dim3 grid(static_cast<unsigned>(q_tiles),
                   static_cast<unsigned>(p.num_kv_heads * p.num_splits),
@@ -589,6 +607,8 @@ cudaError_t DispatchPrefillDim(const PrefillAttentionParams& p, int64_t group,
 // The FP8 instantiations (prefill_attention_fp8.cu): DispatchPrefillDim<true>.
 cudaError_t PrefillAttentionFp8(const PrefillAttentionParams& p, int64_t group,
                                 cudaStream_t stream);
+// ConfigurePrefillKernels<true>, from the same file.
+cudaError_t ConfigurePrefillKernelsFp8();
 
 }  // namespace tokenselect::kernels::cuda::prefill_internal
 
