@@ -1,6 +1,10 @@
 #include "engine/parallel/nccl_tensor_parallel.h"
 
+#include <nccl.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +19,14 @@ absl::Status NcclStatus(ncclResult_t r, const char* what) {
 }
 
 }  // namespace
+
+bool NcclTensorParallel::Tracing() {
+  static const bool trace = [] {
+    const char* v = std::getenv("TS_TP_TRACE");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return trace;
+}
 
 absl::StatusOr<std::vector<std::unique_ptr<NcclTensorParallel>>> NcclTensorParallel::CreateGroup(
     const std::vector<int>& devices) {
@@ -40,16 +52,38 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclTensorParallel>>> NcclTensorParal
 }
 
 NcclTensorParallel::~NcclTensorParallel() {
-  if (comm_ != nullptr) ncclCommDestroy(comm_);
+  absl::MutexLock lock(&mu_);
+  if (comm_ != nullptr && !aborted_) ncclCommDestroy(comm_);
 }
 
-absl::Status NcclTensorParallel::AllReduce(void* data, int64_t count, ncclDataType_t type,
+void NcclTensorParallel::Abort() {
+  absl::MutexLock lock(&mu_);
+  if (aborted_ || comm_ == nullptr) return;
+  int device = -1;
+  cudaGetDevice(&device);
+  ncclCommAbort(comm_);  // frees the communicator
+  if (device >= 0) cudaSetDevice(device);
+  aborted_ = true;
+  comm_ = nullptr;
+}
+
+absl::Status NcclTensorParallel::AllReduce(void* data, int64_t count, int type,
                                            cudaStream_t stream) {
   if (count < 0) return absl::InvalidArgumentError("AllReduceSum: negative count");
   if (count == 0) return absl::OkStatus();
-  return NcclStatus(
-      ncclAllReduce(data, data, static_cast<size_t>(count), type, ncclSum, comm_, stream),
-      "ncclAllReduce");
+  absl::MutexLock lock(&mu_);
+  if (Tracing()) {
+    std::fprintf(stderr, "[tp] rank %d all-reduce #%lld: %lld values\n", rank_,
+                 static_cast<long long>(calls_), static_cast<long long>(count));
+  }
+  ++calls_;
+  if (aborted_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ncclAllReduce: rank ", rank_, "'s communicator was aborted after an error"));
+  }
+  return NcclStatus(ncclAllReduce(data, data, static_cast<size_t>(count),
+                                  static_cast<ncclDataType_t>(type), ncclSum, comm_, stream),
+                    "ncclAllReduce");
 }
 
 absl::Status NcclTensorParallel::AllReduceSum(float* data, int64_t count, cudaStream_t stream) {

@@ -11,7 +11,6 @@
 #define TOKENSELECT_ENGINE_PARALLEL_NCCL_TENSOR_PARALLEL_H_
 
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <cstdint>
 #include <memory>
@@ -19,7 +18,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/model/cuda_attention.h"
+
+struct ncclComm;  // nccl.h's ncclComm_t is a ncclComm*; the header stays free of nccl.h
 
 namespace tokenselect::engine {
 
@@ -39,11 +41,25 @@ class NcclTensorParallel : public CudaTensorParallel {
   absl::Status AllReduceSum(float* data, int64_t count, cudaStream_t stream) override;
   absl::Status AllReduceSum(double* data, int64_t count, cudaStream_t stream) override;
 
- private:
-  NcclTensorParallel(ncclComm_t comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
-  absl::Status AllReduce(void* data, int64_t count, ncclDataType_t type, cudaStream_t stream);
+  // ncclCommAbort: the rank's unfinished collectives end (their kernels stop waiting for the
+  // other ranks) and every later call fails with FailedPrecondition. For a group in which one
+  // rank failed in the middle of a step while the others wait for it in a collective; callable
+  // from any thread, also while the rank's own thread enqueues (a mutex orders the two).
+  void Abort();
 
-  ncclComm_t comm_;
+  // TS_TP_TRACE=1 in the environment: every all-reduce is logged to stderr with the rank and
+  // its sequence number (to find where ranks' collectives stop matching).
+  static bool Tracing();
+
+ private:
+  NcclTensorParallel(::ncclComm* comm, int rank, int size)
+      : comm_(comm), rank_(rank), size_(size) {}
+  absl::Status AllReduce(void* data, int64_t count, int type, cudaStream_t stream);
+
+  absl::Mutex mu_;
+  ::ncclComm* comm_ ABSL_GUARDED_BY(mu_);  // ncclComm_t
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
   const int rank_;
   const int size_;
 };

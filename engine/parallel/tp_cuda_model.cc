@@ -4,7 +4,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -48,8 +50,8 @@ absl::Status CheckEagerLoading() {
 TpSequence::~TpSequence() {
   if (model_ == nullptr) return;
   // Each shard frees its slot map on its own device.
-  model_->threads_
-      ->Run([this](int rank) {
+  model_
+      ->RunOnRanksUnchecked([this](int rank, CudaModel*) {
         shards_[rank].reset();
         return absl::OkStatus();
       })
@@ -96,22 +98,46 @@ absl::StatusOr<std::unique_ptr<TpCudaModel>> TpCudaModel::Build(const ModelConfi
     }
   }
   std::unique_ptr<TpCudaModel> model(new TpCudaModel(config));
-  model->threads_ = std::make_unique<RankThreads>(devices);
+  model->abort_grace_ms_ = options.abort_grace_ms;
+  // One rank runs on the calling thread; more get a driver thread each.
   if (n > 1) {
+    model->threads_ = std::make_unique<RankThreads>(devices);
     ASSIGN_OR_RETURN(model->groups_, NcclTensorParallel::CreateGroup(devices));
   }
+  model->devices_ = devices;
   model->shards_.resize(static_cast<size_t>(n));
+  model->ranks_.assign(static_cast<size_t>(n), nullptr);
   model->logits_.resize(static_cast<size_t>(n));
   TpCudaModel* m = model.get();
-  RETURN_IF_ERROR(m->threads_->Run([&](int rank) -> absl::Status {
+  RETURN_IF_ERROR(m->RunOnRanksUnchecked([&](int rank, CudaModel*) -> absl::Status {
     CudaModelOptions o = options.model;
     o.device = devices[rank];
     o.tp = n > 1 ? m->groups_[rank].get() : nullptr;
     ASSIGN_OR_RETURN(m->shards_[rank], build(o));
+    m->ranks_[rank] = m->shards_[rank].get();
     return absl::OkStatus();
   }));
   if (n > 1) RETURN_IF_ERROR(m->WarmUp());
   return model;
+}
+
+std::unique_ptr<TpCudaModel> TpCudaModel::Adopt(CudaModel* model) {
+  std::unique_ptr<TpCudaModel> tp(new TpCudaModel(model->config()));
+  int device = model->options().device;
+  if (device < 0) cudaGetDevice(&device);
+  tp->devices_ = {device};
+  tp->ranks_ = {model};
+  tp->logits_.resize(1);
+  return tp;
+}
+
+absl::Status TpCudaModel::RunOnRanksUnchecked(
+    const std::function<absl::Status(int rank, CudaModel* shard)>& fn) {
+  if (threads_ == nullptr) {
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(devices_[0]), "cudaSetDevice"));
+    return fn(0, ranks_[0]);
+  }
+  return threads_->Run([&](int rank) { return fn(rank, ranks_[rank]); });
 }
 
 // One all-reduce of each power-of-4 size from 1 KiB to 64 MiB on every rank, outside any graph
@@ -139,20 +165,86 @@ absl::Status TpCudaModel::WarmUp() {
 }
 
 TpCudaModel::~TpCudaModel() {
-  if (threads_ == nullptr) return;
+  if (shards_.empty() && groups_.empty()) return;  // adopted, or nothing was made
   // Shards and communicators are released on their ranks' devices.
-  threads_
-      ->Run([this](int rank) {
-        if (rank < static_cast<int>(shards_.size())) shards_[rank].reset();
-        if (rank < static_cast<int>(groups_.size())) groups_[rank].reset();
-        return absl::OkStatus();
-      })
-      .IgnoreError();
+  RunOnRanksUnchecked([this](int rank, CudaModel*) {
+    if (rank < static_cast<int>(shards_.size())) shards_[rank].reset();
+    if (rank < static_cast<int>(groups_.size())) groups_[rank].reset();
+    return absl::OkStatus();
+  }).IgnoreError();
 }
 
 absl::Status TpCudaModel::RunOnRanks(
     const std::function<absl::Status(int rank, CudaModel* shard)>& fn) {
-  return threads_->Run([&](int rank) { return fn(rank, shards_[rank].get()); });
+  if (groups_.empty()) return RunOnRanksUnchecked(fn);
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (!aborted_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "TpCudaModel: the tensor-parallel group was aborted after an error and is not usable "
+          "(recreate the model): ",
+          aborted_.message()));
+    }
+  }
+  // A rank that fails in the middle of a step leaves the others waiting in their next
+  // collective for it. Its thread then waits up to abort_grace_ for the others to finish (they
+  // do when the failure was the same on every rank, e.g. bad arguments), and otherwise aborts
+  // every communicator so that their waits end; the group is then unusable.
+  struct Outcome {
+    absl::Mutex mu;
+    int n_ranks = 0;
+    int finished ABSL_GUARDED_BY(mu) = 0;
+    int first_failed ABSL_GUARDED_BY(mu) = -1;
+    absl::Status first ABSL_GUARDED_BY(mu);
+  } outcome;
+  outcome.n_ranks = size();
+  const absl::Status ran = threads_->Run([&](int rank) {
+    absl::Status status = fn(rank, ranks_[rank]);
+    bool watch = false;
+    {
+      absl::MutexLock lock(&outcome.mu);
+      ++outcome.finished;
+      if (!status.ok()) {
+        // Said at once: if the others are left waiting for this rank, this line is the cause.
+        std::fprintf(stderr, "[tp] rank %d failed: %s\n", rank, status.ToString().c_str());
+      }
+      if (!status.ok() && outcome.first_failed < 0) {
+        outcome.first_failed = rank;
+        outcome.first = status;
+        watch = true;
+      }
+    }
+    if (!watch) return status;
+    absl::MutexLock lock(&outcome.mu);
+    const bool all = outcome.mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](Outcome* o) ABSL_NO_THREAD_SAFETY_ANALYSIS { return o->finished == o->n_ranks; },
+            &outcome),
+        absl::Milliseconds(abort_grace_ms_));
+    if (!all) {
+      std::fprintf(stderr, "[tp] the other ranks still wait after %lld ms: aborting the group\n",
+                   static_cast<long long>(abort_grace_ms_));
+      {
+        absl::MutexLock abort_lock(&abort_mu_);
+        aborted_ = common::Annotate(status, absl::StrCat("rank ", rank, ": "));
+      }
+      // One thread per communicator: NCCL reclaims the communicators of one ncclCommInitAll
+      // together, so one rank's abort may wait for the others' (aborting them one after
+      // another from this thread could wait forever on the first).
+      std::vector<std::thread> aborts;
+      for (auto& group : groups_) {
+        aborts.emplace_back([g = group.get()] { g->Abort(); });
+      }
+      for (std::thread& t : aborts) t.join();
+      std::fprintf(stderr, "[tp] group aborted\n");
+    }
+    return status;
+  });
+  absl::MutexLock lock(&outcome.mu);
+  if (outcome.first_failed >= 0) {
+    return common::Annotate(outcome.first, absl::StrCat("rank ", outcome.first_failed, ": "));
+  }
+  return ran;
 }
 
 absl::StatusOr<std::unique_ptr<TpSequence>> TpCudaModel::NewSequence(int64_t max_tokens) {
@@ -166,10 +258,10 @@ absl::StatusOr<std::unique_ptr<TpSequence>> TpCudaModel::NewSequence(int64_t max
   // Every rank's pool went through the same allocations, so the slot maps agree; a pool that
   // does not would put the ranks' KV heads of one token in different slots.
   for (int r = 1; r < size(); ++r) {
-    if (shards_[r]->free_pages() != shards_[0]->free_pages()) {
+    if (ranks_[r]->free_pages() != ranks_[0]->free_pages()) {
       return absl::InternalError(absl::StrCat("TpCudaModel: rank ", r, " has ",
-                                              shards_[r]->free_pages(), " free pages, rank 0 ",
-                                              shards_[0]->free_pages()));
+                                              ranks_[r]->free_pages(), " free pages, rank 0 ",
+                                              ranks_[0]->free_pages()));
     }
   }
   return seq;
@@ -236,13 +328,13 @@ absl::StatusOr<int32_t> TpCudaModel::GreedyToken() {
 
 int64_t TpCudaModel::weight_bytes() const {
   int64_t total = 0;
-  for (const auto& s : shards_) total += s->weight_bytes();
+  for (const CudaModel* s : ranks_) total += s->weight_bytes();
   return total;
 }
 
 int64_t TpCudaModel::kv_bytes() const {
   int64_t total = 0;
-  for (const auto& s : shards_) total += s->kv_bytes();
+  for (const CudaModel* s : ranks_) total += s->kv_bytes();
   return total;
 }
 

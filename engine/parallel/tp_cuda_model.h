@@ -15,14 +15,16 @@
 //
 // One driver thread per rank (rank_threads.h) runs every operation on all ranks at once; the
 // public methods are called from one thread at a time. With N = 1 there is no communicator and
-// the single CudaModel runs exactly the one-GPU code path.
+// no thread: the single CudaModel runs exactly the one-GPU code path on the caller's thread.
 //
 // Environment: with more than one rank the process must run with CUDA_MODULE_LOADING=EAGER
 // (Create refuses lazy kernel loading: docs/parallel.md, "Hangs").
 //
 // Failure: checks that depend only on the arguments run identically on every rank before any
-// GPU work, so they fail everywhere alike. A CUDA or NCCL failure on one rank in the middle of
-// a step can leave the others waiting in a collective; the group is then not usable.
+// GPU work, so they fail everywhere alike and the model stays usable. A failure on one rank in
+// the middle of a step leaves the others waiting in a collective: after
+// TpCudaModelOptions::abort_grace_ms the communicators are aborted, the call returns the failed
+// rank's error, and the model refuses every later call (FailedPrecondition).
 #ifndef TOKENSELECT_ENGINE_PARALLEL_TP_CUDA_MODEL_H_
 #define TOKENSELECT_ENGINE_PARALLEL_TP_CUDA_MODEL_H_
 
@@ -33,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "engine/model/cuda_attention.h"
 #include "engine/model/cuda_model.h"
@@ -48,6 +51,10 @@ struct TpCudaModelOptions {
   int tp_size = 1;
   std::vector<int> devices;  // CUDA device of each rank; empty: 0, 1, ..., tp_size - 1
   CudaModelOptions model;    // every shard's (device and tp are set per rank)
+  // When one rank fails in the middle of a call while others have not finished after this
+  // long, the communicators are aborted (the others are waiting for the failed rank in a
+  // collective) and the model refuses every later call (FailedPrecondition).
+  int64_t abort_grace_ms = 10000;
 };
 
 class TpCudaModel;
@@ -74,9 +81,10 @@ class TpCudaModel {
  public:
   // Checks the shapes first (InvalidArgument naming the config field tp_size does not divide, or
   // for a device list of the wrong length), then the GPUs (FailedPrecondition when fewer than
-  // needed are present, or, for tp_size > 1, when CUDA loads kernels lazily), then creates the communicators, uploads every rank's shard in parallel
-  // and warms the communicators up (so that no connection is set up inside a graph capture).
-  // Otherwise CudaModel::Create's errors, prefixed with the rank.
+  // needed are present, or, for tp_size > 1, when CUDA loads kernels lazily), then creates the
+  // communicators, uploads every rank's shard in parallel and warms the communicators up (so that
+  // no connection is set up inside a graph capture). Otherwise CudaModel::Create's errors, prefixed
+  // with the rank.
   static absl::StatusOr<std::unique_ptr<TpCudaModel>> Create(const ModelConfig& config,
                                                              const ModelWeights& weights,
                                                              const TpCudaModelOptions& options);
@@ -89,13 +97,19 @@ class TpCudaModel {
   TpCudaModel(const TpCudaModel&) = delete;
   TpCudaModel& operator=(const TpCudaModel&) = delete;
 
-  int size() const { return static_cast<int>(shards_.size()); }
-  const ModelConfig& config() const { return config_; }                     // the whole model's
-  const ModelConfig& shard_config() const { return shards_[0]->config(); }  // one rank's
-  CudaModel* shard(int rank) const { return shards_[rank].get(); }
+  // A one-rank view of a CudaModel the caller owns (it must outlive the view): the one-GPU
+  // path, for code written against TpCudaModel (CudaBackend). Runs on the calling thread.
+  static std::unique_ptr<TpCudaModel> Adopt(CudaModel* model);
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const ModelConfig& config() const { return config_; }                    // the whole model's
+  const ModelConfig& shard_config() const { return ranks_[0]->config(); }  // one rank's
+  CudaModel* shard(int rank) const { return ranks_[rank]; }
+  int device(int rank) const { return devices_[rank]; }
 
   // Runs fn(rank, shard) on every rank's thread at once (with the rank's device current) and
-  // returns the first error in rank order. For what must happen on a rank's device: creating
+  // returns the first rank's error to fail (see "Failure" above: a rank failing alone aborts
+  // the group). For what must happen on a rank's device: creating
   // and destroying its attention providers, reading their state.
   absl::Status RunOnRanks(const std::function<absl::Status(int rank, CudaModel* shard)>& fn);
 
@@ -136,14 +150,23 @@ class TpCudaModel {
                                                             const TpCudaModelOptions& options,
                                                             const Builder& build);
   absl::Status WarmUp();
+  // RunOnRanks without the failure handling: on the calling thread for one rank.
+  absl::Status RunOnRanksUnchecked(
+      const std::function<absl::Status(int rank, CudaModel* shard)>& fn);
   std::vector<float>* RankLogits(int rank, std::vector<float>* caller);
 
   const ModelConfig config_;
-  // Declared first so that it is destroyed last: the members below are released on its threads.
+  int64_t abort_grace_ms_ = 10000;
+  absl::Mutex abort_mu_;
+  absl::Status aborted_ ABSL_GUARDED_BY(abort_mu_);  // why the group was aborted
+  // Declared first so that it is destroyed last: the members below are released on its threads
+  // (none with one rank: it runs on the caller's thread).
   std::unique_ptr<RankThreads> threads_;
+  std::vector<int> devices_;
   std::vector<std::unique_ptr<NcclTensorParallel>> groups_;  // empty when size() == 1
-  std::vector<std::unique_ptr<CudaModel>> shards_;
-  std::vector<std::vector<float>> logits_;  // [rank]: ranks >= 1's logits
+  std::vector<std::unique_ptr<CudaModel>> shards_;           // owned; empty when adopted
+  std::vector<CudaModel*> ranks_;                            // every rank's shard
+  std::vector<std::vector<float>> logits_;                   // [rank]: ranks >= 1's logits
 };
 
 }  // namespace tokenselect::engine

@@ -1,0 +1,32 @@
+// NcclTensorParallel in CUDA builds without NCCL: one GPU works (TpCudaModel with one rank
+// makes no group); a group of several is FailedPrecondition.
+#include "absl/strings/str_cat.h"
+#include "engine/parallel/nccl_tensor_parallel.h"
+
+namespace tokenselect::engine {
+
+absl::StatusOr<std::vector<std::unique_ptr<NcclTensorParallel>>> NcclTensorParallel::CreateGroup(
+    const std::vector<int>& devices) {
+  return absl::FailedPreconditionError(absl::StrCat("tensor parallelism over ", devices.size(),
+                                                    " GPUs needs NCCL, and this build has none"));
+}
+
+NcclTensorParallel::~NcclTensorParallel() = default;
+
+void NcclTensorParallel::Abort() {}
+
+bool NcclTensorParallel::Tracing() { return false; }
+
+absl::Status NcclTensorParallel::AllReduce(void*, int64_t, int, cudaStream_t) {
+  return absl::FailedPreconditionError("this build has no NCCL");
+}
+
+absl::Status NcclTensorParallel::AllReduceSum(float* data, int64_t count, cudaStream_t stream) {
+  return AllReduce(data, count, 0, stream);
+}
+
+absl::Status NcclTensorParallel::AllReduceSum(double* data, int64_t count, cudaStream_t stream) {
+  return AllReduce(data, count, 0, stream);
+}
+
+}  // namespace tokenselect::engine
