@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,31 +14,50 @@
 
 namespace tokenselect::engine {
 
-// One request: its sequence in the model's pool and its selection provider. Its KvStore copies
-// through the host (the host transport) or hands out the slots (device links).
+// One request: its sequence in the model's pool and its selection provider on every rank. Its
+// KvStore copies through the host (the host transport; every rank its KV heads) or, on one GPU,
+// hands out the slots (device links).
 class CudaRunner final : public SequenceRunner, public KvStore {
  public:
-  CudaRunner(CudaBackend* backend, std::unique_ptr<CudaSequence> seq,
-             std::unique_ptr<CudaSelectionAttention> attention)
-      : backend_(backend), seq_(std::move(seq)), attention_(std::move(attention)) {}
+  CudaRunner(CudaBackend* backend, std::unique_ptr<TpSequence> seq,
+             std::vector<std::unique_ptr<CudaSelectionAttention>> attention)
+      : backend_(backend), seq_(std::move(seq)), attention_(std::move(attention)) {
+    for (const auto& a : attention_) providers_.push_back(a.get());
+  }
   ~CudaRunner() override {
-    auto lock = backend_->Lock();
-    seq_.reset();  // returns the pages (cudaFree waits for the device)
-    attention_.reset();
+    absl::MutexLock lock(&backend_->mu_);
+    seq_.reset();  // returns the pages, on every rank (cudaFree waits for the device)
+    backend_->model_
+        ->RunOnRanks([this](int rank, CudaModel*) {
+          attention_[rank].reset();
+          return absl::OkStatus();
+        })
+        .IgnoreError();
   }
 
   absl::Status Forward(absl::Span<const int32_t> tokens, std::vector<float>* logits) override {
-    auto lock = backend_->Lock();
-    return backend_->model_->Forward(seq_.get(), tokens, attention_.get(), logits);
+    absl::MutexLock lock(&backend_->mu_);
+    return backend_->model_->Forward(seq_.get(), tokens, providers_, logits);
   }
-  SelectionStats selection_stats() const override { return attention_->stats(); }
+  // Rank 0's: every rank selects the same tokens.
+  SelectionStats selection_stats() const override { return attention_[0]->stats(); }
   absl::StatusOr<SelectionCacheCounters> cache_counters() const override {
-    auto lock = backend_->Lock();
-    return attention_->CacheCounters(backend_->model_->stream());
+    SelectionCacheCounters counters;
+    absl::MutexLock lock(&backend_->mu_);
+    RETURN_IF_ERROR(OnRankZero([&](CudaModel* shard) -> absl::Status {
+      ASSIGN_OR_RETURN(counters, attention_[0]->CacheCounters(shard->stream()));
+      return absl::OkStatus();
+    }));
+    return counters;
   }
   absl::StatusOr<std::vector<SelectionCacheCounters>> layer_cache_counters() const override {
-    auto lock = backend_->Lock();
-    return attention_->LayerCacheCounters(backend_->model_->stream());
+    std::vector<SelectionCacheCounters> counters;
+    absl::MutexLock lock(&backend_->mu_);
+    RETURN_IF_ERROR(OnRankZero([&](CudaModel* shard) -> absl::Status {
+      ASSIGN_OR_RETURN(counters, attention_[0]->LayerCacheCounters(shard->stream()));
+      return absl::OkStatus();
+    }));
+    return counters;
   }
   int64_t length() const override { return seq_->length(); }
   KvStore* kv() override { return this; }
@@ -69,59 +89,97 @@ class CudaRunner final : public SequenceRunner, public KvStore {
                    layout.num_kv_heads, layout.head_dim};
     block.data.resize(static_cast<size_t>(KvBlockBytes(layout, range)));
     {
-      auto lock = backend_->Lock();
-      RETURN_IF_ERROR(backend_->model_->ReadKv(*seq_, range.layer_begin, range.layer_end,
-                                               range.token_begin, range.token_end,
-                                               block.data.data()));
+      absl::MutexLock lock(&backend_->mu_);
+      RETURN_IF_ERROR(backend_->model_->RunOnRanks([&](int rank, CudaModel* shard) {
+        return shard->ReadKv(*seq_->shard(rank), range.layer_begin, range.layer_end,
+                             range.token_begin, range.token_end, block.data.data(),
+                             Slice(rank, layout));
+      }));
     }
     if (checksum) block.checksum = KvChecksum(block.data);
     return block;
   }
   absl::Status Write(const KvBlock& block) override {
-    auto lock = backend_->Lock();
-    return backend_->model_->WriteKv(seq_.get(), block.layer_begin, block.layer_end,
-                                     block.token_begin, block.token_end, block.data.data());
+    const KvLayout layout = backend_->kv_layout();
+    absl::MutexLock lock(&backend_->mu_);
+    return backend_->model_->RunOnRanks([&](int rank, CudaModel* shard) {
+      return shard->WriteKv(seq_->shard(rank), block.layer_begin, block.layer_end,
+                            block.token_begin, block.token_end, block.data.data(),
+                            Slice(rank, layout));
+    });
   }
   absl::Status Commit(int64_t tokens) override {
-    auto lock = backend_->Lock();
-    return backend_->model_->SetLength(seq_.get(), tokens);
+    absl::MutexLock lock(&backend_->mu_);
+    return backend_->model_->RunOnRanks(
+        [&](int rank, CudaModel* shard) { return shard->SetLength(seq_->shard(rank), tokens); });
   }
   std::optional<KvDeviceSlots> device_slots() const override {
-    return KvDeviceSlots{backend_->device_, seq_->slots()};
+    if (backend_->tp_size() != 1) return std::nullopt;
+    return KvDeviceSlots{backend_->device(), seq_->shard(0)->slots()};
   }
   absl::Status Synchronize() override {
-    auto lock = backend_->Lock();
-    return backend_->model_->Synchronize();
+    absl::MutexLock lock(&backend_->mu_);
+    return backend_->model_->RunOnRanks([](int, CudaModel* shard) { return shard->Synchronize(); });
   }
 
  private:
   friend class CudaBackend;
+  // Rank r's KV heads within the whole model's host rows.
+  KvHostSlice Slice(int rank, const KvLayout& layout) const {
+    const int64_t local = backend_->model_->shard_config().num_kv_heads;
+    return KvHostSlice{rank * local, layout.num_kv_heads};
+  }
+  // fn on rank 0's thread and device (the others do nothing).
+  absl::Status OnRankZero(const std::function<absl::Status(CudaModel*)>& fn) const {
+    return backend_->model_->RunOnRanks(
+        [&](int rank, CudaModel* shard) { return rank == 0 ? fn(shard) : absl::OkStatus(); });
+  }
+
   CudaBackend* backend_;
-  std::unique_ptr<CudaSequence> seq_;
-  std::unique_ptr<CudaSelectionAttention> attention_;
+  std::unique_ptr<TpSequence> seq_;
+  std::vector<std::unique_ptr<CudaSelectionAttention>> attention_;  // [rank]
+  std::vector<CudaAttentionProvider*> providers_;                   // [rank]
 };
 
-CudaBackend::CudaBackend(CudaModel* model) : model_(model) { cudaGetDevice(&device_); }
+CudaBackend::CudaBackend(CudaModel* model)
+    : adopted_(TpCudaModel::Adopt(model)), model_(adopted_.get()) {}
+
+CudaBackend::CudaBackend(TpCudaModel* model) : model_(model) {}
 
 absl::StatusOr<std::unique_ptr<SequenceRunner>> CudaBackend::Start(
     int64_t max_tokens, const SelectionOptions& selection) {
   RETURN_IF_ERROR(ValidateSelectionOptions(selection));
-  const CudaModelOptions& mo = model_->options();
+  const CudaModelOptions& mo = shard_options();
   if (selection.chunk_size > mo.max_chunk) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("selection.chunk_size ", selection.chunk_size,
-                     " exceeds the GPU model's largest step of ", mo.max_chunk, " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat("selection.chunk_size ", selection.chunk_size,
+                                                   " exceeds the GPU model's largest step of ",
+                                                   mo.max_chunk, " tokens"));
   }
-  if (max_tokens > num_slots_limit()) {
+  if (max_tokens > mo.max_tokens) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the request needs ", max_tokens, " KV slots; the GPU model holds ", num_slots_limit()));
+        "the request needs ", max_tokens, " KV slots; the GPU model holds ", mo.max_tokens));
   }
-  auto lock = Lock();
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaSequence> seq, model_->NewSequence(max_tokens));
-  // The provider's scratch scales with the request, not with the pool.
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaSelectionAttention> attention,
-                   CudaSelectionAttention::Create(selection, model_->config(), max_tokens,
-                                                  mo.max_chunk));
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(std::unique_ptr<TpSequence> seq, model_->NewSequence(max_tokens));
+  // The provider's scratch scales with the request, not with the pool; each rank's is made on
+  // its device, for its heads.
+  std::vector<std::unique_ptr<CudaSelectionAttention>> attention(
+      static_cast<size_t>(model_->size()));
+  const absl::Status made = model_->RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
+    ASSIGN_OR_RETURN(attention[rank],
+                     CudaSelectionAttention::Create(selection, shard->config(), max_tokens,
+                                                    mo.max_chunk, model_->size()));
+    return absl::OkStatus();
+  });
+  if (!made.ok()) {
+    model_
+        ->RunOnRanks([&](int rank, CudaModel*) {
+          attention[rank].reset();
+          return absl::OkStatus();
+        })
+        .IgnoreError();
+    return made;
+  }
   return std::unique_ptr<SequenceRunner>(
       std::make_unique<CudaRunner>(this, std::move(seq), std::move(attention)));
 }
@@ -132,16 +190,18 @@ KvLayout CudaBackend::kv_layout() const {
   layout.num_layers = static_cast<int32_t>(c.num_layers);
   layout.num_kv_heads = static_cast<int32_t>(c.num_kv_heads);
   layout.head_dim = static_cast<int32_t>(c.head_dim);
-  layout.dtype = KvDType::kBF16;
+  layout.dtype =
+      model_->shard(0)->kv_dtype() == KvCacheDType::kFP8E4M3 ? KvDType::kFp8E4M3 : KvDType::kBF16;
   return layout;
 }
 
 KvCapacity CudaBackend::kv_capacity() const {
-  auto lock = Lock();
+  absl::MutexLock lock(&mu_);
+  const CudaModel& shard = *model_->shard(0);  // every rank's pool makes the same allocations
   KvCapacity c;
-  c.total_pages = model_->num_pages();
-  c.free_pages = model_->free_pages();
-  c.page_size = model_->options().page_size;
+  c.total_pages = shard.num_pages();
+  c.free_pages = shard.free_pages();
+  c.page_size = shard.options().page_size;
   return c;
 }
 
@@ -149,29 +209,32 @@ absl::Status CudaBackend::DecodeBatch(absl::Span<SequenceRunner* const> runners,
                                       absl::Span<const int32_t> tokens,
                                       std::vector<float>* logits) {
   if (runners.size() != tokens.size() || runners.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("DecodeBatch: ", runners.size(),
-                                                   " runners for ", tokens.size(), " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeBatch: ", runners.size(), " runners for ", tokens.size(), " tokens"));
   }
-  std::vector<CudaSequence*> seqs;
-  std::vector<CudaAttentionProvider*> providers;
+  std::vector<TpSequence*> seqs;
+  std::vector<CudaRunner*> rows;
   for (SequenceRunner* r : runners) {
     auto* runner = dynamic_cast<CudaRunner*>(r);
     if (runner == nullptr || runner->backend_ != this) {
       return absl::InvalidArgumentError("DecodeBatch: a runner of another backend");
     }
     seqs.push_back(runner->seq_.get());
-    providers.push_back(runner->attention_.get());
+    rows.push_back(runner);
   }
   const size_t vocab = static_cast<size_t>(config().vocab_size);
-  const size_t step = static_cast<size_t>(std::max<int64_t>(1, model_->options().max_batch));
+  const size_t step = static_cast<size_t>(std::max<int64_t>(1, shard_options().max_batch));
   logits->resize(runners.size() * vocab);
   std::vector<float> part;
-  auto lock = Lock();
+  absl::MutexLock lock(&mu_);
   for (size_t b = 0; b < runners.size(); b += step) {
     const size_t n = std::min(step, runners.size() - b);
+    std::vector<std::vector<CudaAttentionProvider*>> providers(static_cast<size_t>(model_->size()));
+    for (int r = 0; r < model_->size(); ++r) {
+      for (size_t i = b; i < b + n; ++i) providers[r].push_back(rows[i]->providers_[r]);
+    }
     RETURN_IF_ERROR(model_->DecodeBatch(absl::MakeConstSpan(seqs).subspan(b, n),
-                                        tokens.subspan(b, n),
-                                        absl::MakeConstSpan(providers).subspan(b, n), &part));
+                                        tokens.subspan(b, n), providers, &part));
     std::copy(part.begin(), part.begin() + static_cast<std::ptrdiff_t>(n * vocab),
               logits->begin() + static_cast<std::ptrdiff_t>(b * vocab));
   }
@@ -179,32 +242,46 @@ absl::Status CudaBackend::DecodeBatch(absl::Span<SequenceRunner* const> runners,
 }
 
 std::optional<DeviceKvCache> CudaBackend::device_cache() const {
-  const ModelConfig& c = model_->config();
+  if (tp_size() != 1) return std::nullopt;
+  const CudaModel& model = *model_->shard(0);
+  const ModelConfig& c = model.config();
   DeviceKvCache cache;
-  cache.device = device_;
+  cache.device = device();
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    cache.k_layers.push_back(model_->k_cache(l));
-    cache.v_layers.push_back(model_->v_cache(l));
+    cache.k_layers.push_back(model.k_cache(l));
+    cache.v_layers.push_back(model.v_cache(l));
   }
-  cache.num_slots = model_->num_slots();
-  cache.row = c.num_kv_heads * c.head_dim;
+  cache.num_slots = model.num_slots();
+  // The links move rows in 2-byte units: an FP8 row of num_kv_heads * head_dim bytes is half
+  // as many units (head_dim is even), copied byte for byte.
+  cache.row = c.num_kv_heads * c.head_dim * model.kv_element_bytes() / 2;
   return cache;
 }
+
+namespace {
+
+// What both loaders check and read before the weights.
+absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> LoadGpuTokenizer(const std::string& dir,
+                                                                       const ModelConfig& config) {
+  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
+                   tokenizer::Tokenizer::LoadFromDirectory(dir));
+  if (tok->vocab_size() > config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": the tokenizer has ", tok->vocab_size(),
+                                                   " tokens but config.json vocab_size is ",
+                                                   config.vocab_size));
+  }
+  return tok;
+}
+
+}  // namespace
 
 absl::StatusOr<LoadedCudaModel> LoadCudaModelDirectory(const std::string& dir, LoadFormat format,
                                                        uint64_t dummy_seed,
                                                        const CudaModelOptions& options) {
   RETURN_IF_ERROR(CudaModel::CheckDevice());  // before reading gigabytes of weights
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
-  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
-                   tokenizer::Tokenizer::LoadFromDirectory(dir));
-  if (tok->vocab_size() > config.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir, ": the tokenizer has ", tok->vocab_size(), " tokens but config.json vocab_size is ",
-        config.vocab_size));
-  }
   LoadedCudaModel loaded;
-  loaded.tokenizer = std::move(tok);
+  ASSIGN_OR_RETURN(loaded.tokenizer, LoadGpuTokenizer(dir, config));
   if (format == LoadFormat::kDummy) {
     DummyWeightOptions dummy;
     dummy.seed = dummy_seed;
@@ -213,6 +290,26 @@ absl::StatusOr<LoadedCudaModel> LoadCudaModelDirectory(const std::string& dir, L
     WeightLoadStats stats;
     ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(config, dir, &stats));
     ASSIGN_OR_RETURN(loaded.model, CudaModel::Create(config, weights, options));
+  }
+  return loaded;
+}
+
+absl::StatusOr<LoadedTpCudaModel> LoadTpCudaModelDirectory(const std::string& dir,
+                                                           LoadFormat format, uint64_t dummy_seed,
+                                                           const TpCudaModelOptions& options) {
+  RETURN_IF_ERROR(CudaModel::CheckDevice());  // before reading gigabytes of weights
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  RETURN_IF_ERROR(CudaModel::ShardConfig(config, options.tp_size).status());
+  LoadedTpCudaModel loaded;
+  ASSIGN_OR_RETURN(loaded.tokenizer, LoadGpuTokenizer(dir, config));
+  if (format == LoadFormat::kDummy) {
+    DummyWeightOptions dummy;
+    dummy.seed = dummy_seed;
+    ASSIGN_OR_RETURN(loaded.model, TpCudaModel::CreateDummy(config, dummy, options));
+  } else {
+    WeightLoadStats stats;
+    ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(config, dir, &stats));
+    ASSIGN_OR_RETURN(loaded.model, TpCudaModel::Create(config, weights, options));
   }
   return loaded;
 }

@@ -1,13 +1,18 @@
-// The GPU backend (backend.h): one CudaModel (engine/model/cuda_model.h) whose page pool holds
-// every request's KV (a CudaSequence per runner), with token selection by CudaSelectionAttention
-// (engine/selection/cuda_selection.h), one per request. Prefill chunks are the selection's
-// chunk_size, which must not exceed the model's max_chunk; DecodeBatch runs CudaModel::DecodeBatch
-// (the GEMMs once for all rows). A runner's KvStore copies through the host (CudaModel::ReadKv /
-// WriteKv) and exposes its slots for device links (device_cache()).
+// The GPU backend (backend.h): a model on one GPU, or sharded by heads over several
+// (tensor parallelism, engine/parallel/tp_cuda_model.h), whose page pool holds every request's
+// KV (a TpSequence per runner: one CudaSequence per rank), with token selection by
+// CudaSelectionAttention (engine/selection/cuda_selection.h), one per request and rank (the
+// ranks' providers all-reduce their votes, so every rank selects the same tokens). Prefill
+// chunks are the selection's chunk_size, which must not exceed the model's max_chunk;
+// DecodeBatch runs the model's DecodeBatch (the GEMMs once for all rows). A runner's KvStore
+// copies through the host (CudaModel::ReadKv / WriteKv, every rank its KV heads of the whole
+// model's rows: the host wire format does not depend on the tensor-parallel size, so K/V moves
+// between workers of different sizes) and, on one GPU only, exposes its slots for device links
+// (device_cache(); nullopt under tensor parallelism).
 //
-// Thread-safety: CudaModel is not thread-safe, so every call into it (forward passes, K/V copies,
-// sequence creation and release) holds the backend's mutex, and first makes the backend's GPU
-// (the current device when the backend was constructed) the calling thread's current device.
+// Thread-safety: the model is not thread-safe, so every call into it (forward passes, K/V
+// copies, sequence creation and release) holds the backend's mutex; one GPU runs on the calling
+// thread with the model's GPU made current, several on the model's rank threads.
 // Only in CUDA builds (library ts_engine_generation_cuda).
 #ifndef TOKENSELECT_ENGINE_GENERATION_CUDA_BACKEND_H_
 #define TOKENSELECT_ENGINE_GENERATION_CUDA_BACKEND_H_
@@ -22,6 +27,7 @@
 #include "engine/generation/backend.h"
 #include "engine/generation/model_loader.h"
 #include "engine/model/cuda_model.h"
+#include "engine/parallel/tp_cuda_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tokenselect::engine {
@@ -30,37 +36,35 @@ class CudaRunner;  // cuda_backend.cc
 
 class CudaBackend : public GenerationBackend {
  public:
-  // `model` (created on the current device) must outlive the backend and its runners.
+  // One GPU: `model` (created on its device) must outlive the backend and its runners.
   explicit CudaBackend(CudaModel* model);
+  // Tensor parallelism over the model's ranks (one rank: the same as above). `model` must
+  // outlive the backend and its runners.
+  explicit CudaBackend(TpCudaModel* model);
   const ModelConfig& config() const override { return model_->config(); }
   // Also ResourceExhausted when the pool has no room for max_tokens more tokens (the message
   // says how many pages are free); InvalidArgument when selection.chunk_size exceeds the
   // model's max_chunk.
-  absl::StatusOr<std::unique_ptr<SequenceRunner>> Start(
-      int64_t max_tokens, const SelectionOptions& selection) override;
+  absl::StatusOr<std::unique_ptr<SequenceRunner>> Start(int64_t max_tokens,
+                                                        const SelectionOptions& selection) override;
+  // The whole model's layout (every KV head), whatever the tensor-parallel size.
   KvLayout kv_layout() const override;
   KvCapacity kv_capacity() const override;
-  int64_t max_chunk() const override { return model_->options().max_chunk; }
+  int64_t max_chunk() const override { return shard_options().max_chunk; }
   // Batches of more than the model's max_batch rows run as several steps.
   absl::Status DecodeBatch(absl::Span<SequenceRunner* const> runners,
                            absl::Span<const int32_t> tokens, std::vector<float>* logits) override;
+  // One GPU only (device links move one GPU's slots); nullopt under tensor parallelism.
   std::optional<DeviceKvCache> device_cache() const override;
-  int device() const { return device_; }
+  int device() const { return model_->device(0); }
+  int tp_size() const { return model_->size(); }
+  TpCudaModel* model() const { return model_; }
 
  private:
   friend class CudaRunner;
-  // The mutex, held with the backend's GPU current on the calling thread.
-  class [[nodiscard]] Locked {
-   public:
-    Locked(absl::Mutex* mu, int device) : lock_(mu) { cudaSetDevice(device); }
-
-   private:
-    absl::MutexLock lock_;
-  };
-  Locked Lock() const { return Locked(&mu_, device_); }
-  int64_t num_slots_limit() const { return model_->options().max_tokens; }
-  CudaModel* model_;
-  int device_ = 0;
+  const CudaModelOptions& shard_options() const { return model_->shard(0)->options(); }
+  std::unique_ptr<TpCudaModel> adopted_;  // the one-rank view of CudaBackend(CudaModel*)
+  TpCudaModel* model_;
   mutable absl::Mutex mu_;  // every call into model_
 };
 
@@ -76,6 +80,18 @@ struct LoadedCudaModel {
 absl::StatusOr<LoadedCudaModel> LoadCudaModelDirectory(const std::string& dir, LoadFormat format,
                                                        uint64_t dummy_seed,
                                                        const CudaModelOptions& options);
+
+struct LoadedTpCudaModel {
+  std::unique_ptr<TpCudaModel> model;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+};
+
+// The same for a model sharded over options.tp_size GPUs (one: the plain model). Also
+// TpCudaModel::Create's errors (InvalidArgument naming the config.json field tp_size does not
+// divide; FailedPrecondition for too few GPUs or lazy kernel loading).
+absl::StatusOr<LoadedTpCudaModel> LoadTpCudaModelDirectory(const std::string& dir,
+                                                           LoadFormat format, uint64_t dummy_seed,
+                                                           const TpCudaModelOptions& options);
 
 }  // namespace tokenselect::engine
 

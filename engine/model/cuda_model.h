@@ -71,6 +71,16 @@ struct CudaModelOptions {
 
 class CudaModel;
 
+// Where a model's KV heads go in host K/V rows that hold more heads (CudaModel::ReadKv /
+// WriteKv): under tensor parallelism rank r of N holds KV heads [r H/N, (r+1) H/N) of H, and the
+// host rows (the transfer's wire format) hold all H; the rank's heads go to [head_begin,
+// head_begin + its num_kv_heads), the other heads' bytes are left as they are (ReadKv) or not
+// read (WriteKv). total_heads 0: the rows hold this model's heads only.
+struct KvHostSlice {
+  int64_t head_begin = 0;
+  int64_t total_heads = 0;
+};
+
 // One request's KV in a CudaModel's pool: its pages and the slot of every position. Returns its
 // pages to the pool when destroyed; must not outlive its model.
 class CudaSequence {
@@ -183,11 +193,14 @@ class CudaModel {
   // kv_element_bytes() each), after the work queued so far; waits for the copy.
   // InvalidArgument for ranges outside the layers or the sequence's capacity, or a sequence of
   // another model.
+  // `slice` places this model's KV heads among more (KvHostSlice above).
   absl::Status ReadKv(const CudaSequence& seq, int64_t layer_begin, int64_t layer_end,
-                      int64_t token_begin, int64_t token_end, void* out);
+                      int64_t token_begin, int64_t token_end, void* out,
+                      KvHostSlice slice = KvHostSlice());
   // The reverse: writes `in` (same layout) into the positions' slots; waits for the copy.
   absl::Status WriteKv(CudaSequence* seq, int64_t layer_begin, int64_t layer_end,
-                       int64_t token_begin, int64_t token_end, const void* in);
+                       int64_t token_begin, int64_t token_end, const void* in,
+                       KvHostSlice slice = KvHostSlice());
   // Makes positions [0, length) of `seq` its tokens (their K/V arrived by WriteKv or a device
   // link). InvalidArgument beyond its capacity or for a sequence of another model.
   absl::Status SetLength(CudaSequence* seq, int64_t length);

@@ -97,10 +97,43 @@ absl::Status PrepareCopy(const CudaModel& model, const CudaSequence& seq, int64_
   return absl::OkStatus();
 }
 
+// The host side of a copy: `bytes` of staging rows [layers * 2 * tokens][row] to or from the
+// host buffer, whose rows hold slice.total_heads heads with ours at slice.head_begin.
+absl::Status HostCopy(const ModelConfig& c, KvHostSlice slice, int64_t rows,
+                      int64_t bytes, void* host, void* staging, cudaMemcpyKind kind,
+                      cudaStream_t stream) {
+  const int64_t heads = c.num_kv_heads;
+  if (slice.total_heads == 0) slice.total_heads = heads;
+  if (slice.head_begin < 0 || slice.head_begin + heads > slice.total_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "K/V copy: heads [", slice.head_begin, ", ", slice.head_begin + heads,
+        ") outside the host rows' ", slice.total_heads, " KV heads"));
+  }
+  if (slice.total_heads == heads) {
+    return kc::CudaStatus(
+        kind == cudaMemcpyDeviceToHost
+            ? cudaMemcpyAsync(host, staging, static_cast<size_t>(bytes), kind, stream)
+            : cudaMemcpyAsync(staging, host, static_cast<size_t>(bytes), kind, stream),
+        "K/V copy: host");
+  }
+  const size_t width = static_cast<size_t>(bytes / rows);  // this model's heads of one row
+  const size_t head_bytes = width / static_cast<size_t>(heads);
+  const size_t pitch = head_bytes * static_cast<size_t>(slice.total_heads);
+  char* host_at = static_cast<char*>(host) + head_bytes * static_cast<size_t>(slice.head_begin);
+  return kc::CudaStatus(
+      kind == cudaMemcpyDeviceToHost
+          ? cudaMemcpy2DAsync(host_at, pitch, staging, width, width, static_cast<size_t>(rows),
+                              kind, stream)
+          : cudaMemcpy2DAsync(staging, width, host_at, pitch, width, static_cast<size_t>(rows),
+                              kind, stream),
+      "K/V copy: host (sliced by KV head)");
+}
+
 }  // namespace
 
 absl::Status CudaModel::ReadKv(const CudaSequence& seq, int64_t layer_begin, int64_t layer_end,
-                               int64_t token_begin, int64_t token_end, void* out) {
+                               int64_t token_begin, int64_t token_end, void* out,
+                               KvHostSlice slice) {
   if (seq.model_ != this) {
     return absl::InvalidArgumentError("CudaModel::ReadKv: the sequence is not this model's");
   }
@@ -119,15 +152,15 @@ absl::Status CudaModel::ReadKv(const CudaSequence& seq, int64_t layer_begin, int
   p.num_slots = num_slots();
   p.elem_bytes = static_cast<int>(kv_element_bytes());
   RETURN_IF_ERROR(kc::CudaStatus(kc::KvGather(p, dev_->stream), "ReadKv: KvGather"));
-  RETURN_IF_ERROR(kc::CudaStatus(cudaMemcpyAsync(out, s.staging.as<void>(),
-                                                 static_cast<size_t>(bytes),
-                                                 cudaMemcpyDeviceToHost, dev_->stream),
-                                 "ReadKv: copy"));
+  RETURN_IF_ERROR(HostCopy(config_, slice, (layer_end - layer_begin) * 2 * (token_end - token_begin),
+                           bytes, out, s.staging.as<void>(), cudaMemcpyDeviceToHost,
+                           dev_->stream));
   return Synchronize();  // before the scratch goes
 }
 
 absl::Status CudaModel::WriteKv(CudaSequence* seq, int64_t layer_begin, int64_t layer_end,
-                                int64_t token_begin, int64_t token_end, const void* in) {
+                                int64_t token_begin, int64_t token_end, const void* in,
+                                KvHostSlice slice) {
   if (seq == nullptr || seq->model_ != this) {
     return absl::InvalidArgumentError("CudaModel::WriteKv: the sequence is not this model's");
   }
@@ -135,10 +168,9 @@ absl::Status CudaModel::WriteKv(CudaSequence* seq, int64_t layer_begin, int64_t 
   int64_t bytes = 0;
   RETURN_IF_ERROR(
       PrepareCopy(*this, *seq, layer_begin, layer_end, token_begin, token_end, &s, &bytes));
-  RETURN_IF_ERROR(kc::CudaStatus(cudaMemcpyAsync(s.staging.as<void>(), in,
-                                                 static_cast<size_t>(bytes),
-                                                 cudaMemcpyHostToDevice, dev_->stream),
-                                 "WriteKv: copy"));
+  RETURN_IF_ERROR(HostCopy(config_, slice, (layer_end - layer_begin) * 2 * (token_end - token_begin),
+                           bytes, const_cast<void*>(in), s.staging.as<void>(),
+                           cudaMemcpyHostToDevice, dev_->stream));
   kc::KvScatterParams p;
   p.k_layers = s.k_layers.as<__nv_bfloat16* const>();
   p.v_layers = s.v_layers.as<__nv_bfloat16* const>();

@@ -25,13 +25,14 @@
 namespace tokenselect::engine {
 
 // A GPU process's whole K/V cache, for device-to-device links (nccl_kv_link.h): per layer a K
-// and a V array [num_slots, row] of bf16 on `device`.
+// and a V array [num_slots, row] of 2-byte units on `device` (bf16 elements; an FP8 cache's
+// rows are counted in pairs of bytes).
 struct DeviceKvCache {
   int device = -1;
   std::vector<void*> k_layers;
   std::vector<void*> v_layers;
   int64_t num_slots = 0;
-  int64_t row = 0;  // num_kv_heads * head_dim
+  int64_t row = 0;  // num_kv_heads * head_dim * element bytes / 2
 };
 
 // Where a device store's K/V live: the device and the cache slot of every reserved position.
