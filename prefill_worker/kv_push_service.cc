@@ -117,7 +117,9 @@ absl::StatusOr<std::unique_ptr<engine::KvTransport>> NewNcclKvTransport(
     std::shared_ptr<grpc::ChannelCredentials> credentials, const engine::KvLinkOptions& options) {
   const std::optional<engine::DeviceKvCache> cache = backend->device_cache();
   if (!cache.has_value()) {
-    return absl::InvalidArgumentError("--transport nccl needs --device cuda");
+    return absl::InvalidArgumentError(
+        "--transport nccl needs --device cuda with --tp 1 (device links move one GPU's K/V; "
+        "with --tp > 1 use --transport host)");
   }
   if (!credentials) credentials = grpc::InsecureChannelCredentials();
   const absl::Duration timeout = options.timeout;

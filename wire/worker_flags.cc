@@ -12,11 +12,18 @@ ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000, "on SIGTERM, time given to running requests");
 ABSL_FLAG(std::string, device, "cpu",
           "cpu | cuda: where the model runs (cuda: bf16 weights and KV cache on --gpu)");
-ABSL_FLAG(int32_t, gpu, 0, "with --device cuda: the CUDA device ordinal");
+ABSL_FLAG(int32_t, gpu, 0,
+          "with --device cuda: the CUDA device ordinal (the first of --tp consecutive ones)");
+ABSL_FLAG(int32_t, tp, 1,
+          "with --device cuda: tensor-parallel size, the model sharded by heads over GPUs --gpu "
+          ".. --gpu + tp - 1 (must divide the attention heads, KV heads and intermediate_size)");
 ABSL_FLAG(int64_t, kv_pages, 4096,
           "KV-cache pages of --page_size token slots (--device cuda: 0 plans the capacity from "
           "the GPU's free memory, see --gpu_memory_fraction)");
 ABSL_FLAG(int64_t, page_size, 16, "token slots per KV page");
+ABSL_FLAG(std::string, kv_dtype, "bf16",
+          "with --device cuda: the KV cache's element type, bf16 or fp8 (e4m3 with per-head "
+          "scales: half the memory per token; docs/fp8_kv.md)");
 ABSL_FLAG(int64_t, max_chunk, 512,
           "with --device cuda: the most tokens per forward step (prefill chunk sizes above it "
           "are refused)");
@@ -49,6 +56,8 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromFlags() {
   engine::WorkerBackendOptions& o = f.backend;
   o.device = absl::GetFlag(FLAGS_device);
   o.gpu = absl::GetFlag(FLAGS_gpu);
+  o.tp = absl::GetFlag(FLAGS_tp);
+  ASSIGN_OR_RETURN(o.kv_dtype, engine::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_dtype)));
   o.kv_pages = absl::GetFlag(FLAGS_kv_pages);
   o.page_size = absl::GetFlag(FLAGS_page_size);
   o.max_chunk = absl::GetFlag(FLAGS_max_chunk);

@@ -4,6 +4,9 @@
 // to stdout as it is produced, and prints a summary to stderr.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,6 +34,9 @@ ABSL_FLAG(uint64_t, dummy_seed, 0, "generate: seed of the dummy weights.");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt text.");
 ABSL_FLAG(std::string, prompt_ids, "",
           "generate: the prompt as comma-separated token ids (instead of --prompt).");
+ABSL_FLAG(std::string, prompt_ids_file, "",
+          "generate: a file of token ids separated by commas or white space (instead of "
+          "--prompt; for prompts too long for a command line).");
 ABSL_FLAG(bool, chat, false,
           "generate: wrap the prompt as a user message in the model's chat template.");
 ABSL_FLAG(std::string, system, "", "generate: system message, with --chat.");
@@ -64,6 +70,12 @@ ABSL_FLAG(std::string, device, "cpu",
           "tokenselect, topk, quest, dense, streaming).");
 ABSL_FLAG(int64_t, max_context, 131072,
           "generate: with --device cuda, the KV capacity in tokens (prompt + new tokens).");
+ABSL_FLAG(std::string, kv_dtype, "bf16",
+          "generate: with --device cuda, the KV cache's element type: bf16, or fp8 (e4m3 with "
+          "per-head scales, half the memory per token; docs/fp8_kv.md).");
+ABSL_FLAG(int32_t, tp, 1,
+          "generate: with --device cuda, tensor-parallel size: the model sharded by heads over "
+          "GPUs 0 .. tp - 1.");
 
 // --server (remote_commands.cc): run the request on a router instead of offline.
 ABSL_DECLARE_FLAG(std::string, server);
@@ -111,9 +123,8 @@ void PrintSummary(const engine::GenerationResult& result, const engine::Selectio
                "[generate] finish=%s prompt=%lld tokens generated=%lld tokens | prefill %.3f s "
                "(%.1f tok/s) | decode %.1f ms/token (%.1f tok/s)\n",
                std::string(engine::ToString(result.finish_reason)).c_str(),
-               static_cast<long long>(s.prompt_tokens),
-               static_cast<long long>(s.generated_tokens), s.prefill_seconds,
-               s.prompt_tokens / std::max(1e-9, s.prefill_seconds),
+               static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.generated_tokens),
+               s.prefill_seconds, s.prompt_tokens / std::max(1e-9, s.prefill_seconds),
                1e3 * s.decode_seconds / decode_steps,
                decode_steps / std::max(1e-9, s.decode_seconds));
   const engine::SelectionStats& st = s.selection;
@@ -134,16 +145,32 @@ void PrintSummary(const engine::GenerationResult& result, const engine::Selectio
                std::string(engine::PolicyName(sel.policy)).c_str(), static_cast<long long>(sel.k),
                static_cast<long long>(sel.n_init), static_cast<long long>(sel.n_local), sel.theta,
                100.0 * hit_rate, static_cast<long long>(s.cache.hits),
-               static_cast<long long>(s.cache.lookups()), selection_time.c_str(), per_step, static_cast<long long>(s.prompt_tokens + s.generated_tokens),
+               static_cast<long long>(s.cache.lookups()), selection_time.c_str(), per_step,
+               static_cast<long long>(s.prompt_tokens + s.generated_tokens),
                static_cast<long long>(st.full_attention_steps),
                static_cast<long long>(st.layer_steps));
 }
 
 absl::StatusOr<std::vector<int32_t>> PromptIds(const tokenizer::Tokenizer& tok) {
   const std::string text = absl::GetFlag(FLAGS_prompt);
-  const std::string ids = absl::GetFlag(FLAGS_prompt_ids);
-  if (text.empty() == ids.empty()) {
-    return absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids");
+  std::string ids = absl::GetFlag(FLAGS_prompt_ids);
+  const std::string ids_file = absl::GetFlag(FLAGS_prompt_ids_file);
+  if (static_cast<int>(!text.empty()) + static_cast<int>(!ids.empty()) +
+          static_cast<int>(!ids_file.empty()) !=
+      1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --prompt, --prompt_ids and --prompt_ids_file");
+  }
+  if (!ids_file.empty()) {
+    std::ifstream in(ids_file);
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat("--prompt_ids_file: cannot read ", ids_file));
+    }
+    std::stringstream content;
+    content << in.rdbuf();
+    return ParseTokenIds(
+        absl::StrSplit(content.str(), absl::ByAnyChar(", \t\r\n"), absl::SkipWhitespace()),
+        "prompt_ids_file");
   }
   if (!ids.empty()) {
     return ParseTokenIds(absl::StrSplit(ids, ',', absl::SkipWhitespace()), "prompt_ids");
@@ -178,19 +205,27 @@ absl::StatusOr<engine::GenerationResult> GenerateOnCpu(engine::LoadFormat format
 }
 
 #ifdef TS_HAVE_CUDA_BACKEND
-// The GPU backend: bf16 weights and KV on GPU 0, sized for --max_context tokens.
+// The GPU backend: bf16 weights and KV on GPU 0 (--tp > 1: sharded over GPUs 0 .. tp - 1),
+// sized for --max_context tokens.
 absl::StatusOr<engine::GenerationResult> GenerateOnCuda(engine::LoadFormat format,
                                                         const engine::GenerationOptions& options,
                                                         const engine::TokenCallback& on_token) {
-  engine::CudaModelOptions cuda;
+  engine::TpCudaModelOptions tp;
+  tp.tp_size = absl::GetFlag(FLAGS_tp);
+  if (tp.tp_size < 1) return absl::InvalidArgumentError("--tp must be >= 1");
+  // Several GPUs in one process need eager kernel loading, set before the first CUDA call
+  // (docs/parallel.md); an explicit setting in the environment wins.
+  if (tp.tp_size > 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  engine::CudaModelOptions& cuda = tp.model;
   cuda.max_chunk = options.selection.chunk_size;
   cuda.page_size = absl::GetFlag(FLAGS_page_size);
   cuda.max_tokens = absl::GetFlag(FLAGS_max_context);
   cuda.max_batch = 1;  // one request: no batched decode
+  ASSIGN_OR_RETURN(cuda.kv_dtype, engine::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_dtype)));
   if (cuda.max_tokens < 1) return absl::InvalidArgumentError("--max_context must be >= 1");
-  ASSIGN_OR_RETURN(engine::LoadedCudaModel loaded,
-                   engine::LoadCudaModelDirectory(absl::GetFlag(FLAGS_model), format,
-                                                  absl::GetFlag(FLAGS_dummy_seed), cuda));
+  ASSIGN_OR_RETURN(engine::LoadedTpCudaModel loaded,
+                   engine::LoadTpCudaModelDirectory(absl::GetFlag(FLAGS_model), format,
+                                                    absl::GetFlag(FLAGS_dummy_seed), tp));
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(*loaded.tokenizer));
   engine::CudaBackend backend(loaded.model.get());
   engine::Generator generator(&backend, loaded.tokenizer.get());
@@ -216,6 +251,12 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   if (device != "cpu" && device != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("--device must be cpu or cuda, got '", device, "'"));
+  }
+  if (absl::GetFlag(FLAGS_tp) != 1 && device != "cuda") {
+    return absl::InvalidArgumentError("--tp > 1 needs --device cuda");
+  }
+  if (absl::GetFlag(FLAGS_kv_dtype) != "bf16" && device != "cuda") {
+    return absl::InvalidArgumentError("--kv_dtype fp8 needs --device cuda");
   }
   engine::GenerationOptions options;
   ASSIGN_OR_RETURN(options.sampling, SamplingFromFlags());

@@ -54,6 +54,7 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, load_format);
 ABSL_DECLARE_FLAG(int64_t, page_size);
 ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(int32_t, tp);
 ABSL_DECLARE_FLAG(std::string, tls_cert);
 ABSL_DECLARE_FLAG(std::string, tls_key);
 ABSL_DECLARE_FLAG(std::string, tls_ca);
@@ -106,6 +107,11 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   backend.kv_pages = absl::GetFlag(FLAGS_kv_pages);
   backend.page_size = absl::GetFlag(FLAGS_page_size);
   RETURN_IF_ERROR(engine::ValidateWorkerBackendOptions(backend));
+  if (absl::GetFlag(FLAGS_tp) != 1) {
+    return absl::InvalidArgumentError(
+        "--tp: serve --all-in-one runs each worker on one GPU; tensor parallelism runs in the "
+        "prefill_worker and decode_worker binaries (their --tp)");
+  }
   engine::LoadedModel loaded;
   if (backend.device == "cpu") {
     ASSIGN_OR_RETURN(loaded, engine::LoadModelDirectory(model_dir, format));

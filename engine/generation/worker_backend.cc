@@ -1,6 +1,8 @@
 #include "engine/generation/worker_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -46,67 +48,91 @@ class CpuWorker : public WorkerBackend {
 #ifdef TS_HAVE_CUDA_BACKEND
 class CudaWorker : public WorkerBackend {
  public:
-  CudaWorker(LoadedCudaModel loaded, int gpu)
-      : loaded_(std::move(loaded)), gpu_(gpu), backend_(loaded_.model.get()) {}
-  ~CudaWorker() override { cudaSetDevice(gpu_); }  // the model frees on its own GPU
+  explicit CudaWorker(LoadedTpCudaModel loaded)
+      : loaded_(std::move(loaded)), backend_(loaded_.model.get()) {}
   GenerationBackend* backend() override { return &backend_; }
   const tokenizer::Tokenizer* tokenizer() const override { return loaded_.tokenizer.get(); }
   std::string Describe() const override {
-    const CudaModel& m = *loaded_.model;
+    const TpCudaModel& tp = *loaded_.model;
+    const CudaModel& m = *tp.shard(0);
+    std::string gpus = absl::StrCat("cuda:", tp.device(0));
+    if (tp.size() > 1) {
+      absl::StrAppend(&gpus, "-", tp.device(tp.size() - 1), " (tensor parallel, ", tp.size(),
+                      " ranks)");
+    }
     return absl::StrFormat(
-        "cuda:%d, %d KV token slots (%d pages of %d; %.2f GiB), weights %.2f GiB, steps of up "
-        "to %d tokens, decode batches of up to %d",
-        gpu_, m.num_slots(), m.num_pages(), m.options().page_size,
+        "%s, %d KV token slots (%d pages of %d; %s, %.2f GiB per GPU), weights %.2f GiB per "
+        "GPU, steps of up to %d tokens, decode batches of up to %d",
+        gpus, m.num_slots(), m.num_pages(), m.options().page_size, KvCacheDTypeName(m.kv_dtype()),
         static_cast<double>(m.kv_bytes()) / kGiB, static_cast<double>(m.weight_bytes()) / kGiB,
         m.options().max_chunk, m.options().max_batch);
   }
 
  private:
-  LoadedCudaModel loaded_;
-  int gpu_;
+  LoadedTpCudaModel loaded_;  // frees its shards on their devices
   CudaBackend backend_;
 };
+
+// The bytes of GPU `gpu` this process may use in all: its share of the whole GPU, less what
+// others already hold.
+absl::StatusOr<int64_t> GpuBudget(int gpu, double fraction) {
+  if (cudaSetDevice(gpu) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat("cuda:", gpu, ": cannot use the device"));
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda:", gpu, ": cannot read the GPU's free memory"));
+  }
+  const int64_t used_by_others = static_cast<int64_t>(total_bytes - free_bytes);
+  return std::min<int64_t>(
+      static_cast<int64_t>(free_bytes),
+      static_cast<int64_t>(fraction * static_cast<double>(total_bytes)) - used_by_others);
+}
 
 absl::StatusOr<std::unique_ptr<WorkerBackend>> LoadCudaWorker(const std::string& dir,
                                                               LoadFormat format,
                                                               const WorkerBackendOptions& o) {
+  // Several GPUs in one process need eager kernel loading (docs/parallel.md); it must be set
+  // before the process's first CUDA call, which is the next line. An explicit setting in the
+  // environment wins (and TpCudaModel refuses a lazy one).
+  if (o.tp > 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   RETURN_IF_ERROR(CudaModel::CheckDevice());
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || o.gpu >= count) {
+  if (cudaGetDeviceCount(&count) != cudaSuccess || o.gpu + o.tp > count) {
     cudaGetLastError();
-    return absl::InvalidArgumentError(
-        absl::StrCat("--gpu ", o.gpu, ": this machine has ", count, " CUDA device(s)"));
+    return absl::InvalidArgumentError(absl::StrCat("--gpu ", o.gpu, " --tp ", o.tp,
+                                                   " needs CUDA devices ", o.gpu, "..",
+                                                   o.gpu + o.tp - 1, "; this machine has ", count));
   }
-  if (cudaSetDevice(o.gpu) != cudaSuccess) {
-    cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat("--gpu ", o.gpu, ": cannot use the device"));
-  }
-  CudaModelOptions cuda;
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  ASSIGN_OR_RETURN(const ModelConfig shard, CudaModel::ShardConfig(config, o.tp));
+  TpCudaModelOptions tp;
+  tp.tp_size = o.tp;
+  for (int r = 0; r < o.tp; ++r) tp.devices.push_back(o.gpu + r);
+  CudaModelOptions& cuda = tp.model;
   cuda.page_size = o.page_size;
   cuda.max_chunk = o.max_chunk;
   cuda.max_batch = o.max_batch;
-  cuda.device = o.gpu;
+  cuda.kv_dtype = o.kv_dtype;
   if (o.kv_pages > 0) {
     cuda.max_tokens = o.kv_pages * o.page_size;
   } else {
-    ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
-    size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-      cudaGetLastError();
-      return absl::FailedPreconditionError("cannot read the GPU's free memory");
+    // Every rank holds the same number of slots (of its KV heads): plan for the GPU with the
+    // least room.
+    int64_t budget = std::numeric_limits<int64_t>::max();
+    for (int device : tp.devices) {
+      ASSIGN_OR_RETURN(const int64_t b, GpuBudget(device, o.gpu_memory_fraction));
+      budget = std::min(budget, b);
     }
-    // What this process may use: its share of the whole GPU, less what others already hold.
-    const int64_t used_by_others = static_cast<int64_t>(total_bytes - free_bytes);
-    const int64_t budget = std::min<int64_t>(
-        static_cast<int64_t>(free_bytes),
-        static_cast<int64_t>(o.gpu_memory_fraction * static_cast<double>(total_bytes)) -
-            used_by_others);
-    ASSIGN_OR_RETURN(cuda.max_tokens,
-                     PlanKvTokens(config, budget, o.page_size, o.max_chunk, o.max_batch));
+    ASSIGN_OR_RETURN(cuda.max_tokens, PlanKvTokens(shard, budget, o.page_size, o.max_chunk,
+                                                   o.max_batch, KvCacheElementBytes(o.kv_dtype)));
   }
-  ASSIGN_OR_RETURN(LoadedCudaModel loaded,
-                   LoadCudaModelDirectory(dir, format, o.dummy_seed, cuda));
-  return std::unique_ptr<WorkerBackend>(std::make_unique<CudaWorker>(std::move(loaded), o.gpu));
+  ASSIGN_OR_RETURN(LoadedTpCudaModel loaded,
+                   LoadTpCudaModelDirectory(dir, format, o.dummy_seed, tp));
+  return std::unique_ptr<WorkerBackend>(std::make_unique<CudaWorker>(std::move(loaded)));
 }
 #endif
 
@@ -118,6 +144,14 @@ absl::Status ValidateWorkerBackendOptions(const WorkerBackendOptions& o) {
         absl::StrCat("--device must be cpu or cuda, got '", o.device, "'"));
   }
   if (o.gpu < 0) return absl::InvalidArgumentError(absl::StrCat("--gpu must be >= 0"));
+  if (o.tp < 1) return absl::InvalidArgumentError("--tp must be >= 1");
+  if (o.tp > 1 && o.device != "cuda") {
+    return absl::InvalidArgumentError("--tp > 1 needs --device cuda");
+  }
+  if (o.kv_dtype != KvCacheDType::kBF16 && o.device != "cuda") {
+    return absl::InvalidArgumentError(
+        "--kv_dtype fp8 needs --device cuda (the CPU backend keeps its KV in fp32)");
+  }
   if (o.page_size < 1) return absl::InvalidArgumentError("--page_size must be >= 1");
   if (o.kv_pages < 0 || (o.kv_pages == 0 && o.device == "cpu")) {
     return absl::InvalidArgumentError(
@@ -140,8 +174,9 @@ int64_t GpuWeightBytes(const ModelConfig& c) {
   return 2 * (c.num_layers * per_layer + 2 * c.vocab_size * c.hidden_size + c.hidden_size);
 }
 
-absl::StatusOr<int64_t> PlanKvTokens(const ModelConfig& c, int64_t budget_bytes,
-                                     int64_t page_size, int64_t max_chunk, int64_t max_batch) {
+absl::StatusOr<int64_t> PlanKvTokens(const ModelConfig& c, int64_t budget_bytes, int64_t page_size,
+                                     int64_t max_chunk, int64_t max_batch,
+                                     int64_t kv_element_bytes) {
   const int64_t weights = GpuWeightBytes(c);
   const int64_t q = c.num_heads * c.head_dim;
   const int64_t kv = c.num_kv_heads * c.head_dim;
@@ -150,10 +185,11 @@ absl::StatusOr<int64_t> PlanKvTokens(const ModelConfig& c, int64_t budget_bytes,
   const int64_t activations =
       max_chunk * (8 * c.hidden_size + 4 * (q + 2 * kv) + 6 * c.intermediate_size) +
       max_batch * c.vocab_size * 4 + 2 * kGiB;
-  // Per KV slot: K and V of every layer in bf16, plus the selection scratch a request holds per
-  // token it may attend (fp32 scores per query head and the vote), and a quarter page-table
+  // Per KV slot: K and V of every layer (bf16 or FP8), plus the selection scratch a request holds
+  // per token it may attend (fp32 scores per query head and the vote), and a quarter page-table
   // margin for Quest's page bounds.
-  const int64_t per_token = c.num_layers * 2 * kv * 2 + 4 * (c.num_heads + 2) + kv / 2;
+  const int64_t per_token =
+      c.num_layers * 2 * kv * kv_element_bytes + 4 * (c.num_heads + 2) + kv / 2;
   const int64_t left = budget_bytes - weights - activations;
   const int64_t tokens = left > 0 ? (left / per_token) / page_size * page_size : 0;
   if (tokens < page_size) {
@@ -161,8 +197,8 @@ absl::StatusOr<int64_t> PlanKvTokens(const ModelConfig& c, int64_t budget_bytes,
         "the GPU memory budget of %.2f GiB holds no KV: weights %.2f GiB + activations %.2f GiB "
         "leave %.2f GiB for %d bytes per token",
         static_cast<double>(budget_bytes) / kGiB, static_cast<double>(weights) / kGiB,
-        static_cast<double>(activations) / kGiB, static_cast<double>(std::max<int64_t>(0, left)) / kGiB,
-        per_token));
+        static_cast<double>(activations) / kGiB,
+        static_cast<double>(std::max<int64_t>(0, left)) / kGiB, per_token));
   }
   return tokens;
 }
@@ -190,8 +226,9 @@ absl::StatusOr<std::unique_ptr<WorkerBackend>> CpuWorkerBackend(
   return MakeCpuWorker(LoadedModel{}, model, tokenizer, o);
 }
 
-absl::StatusOr<std::unique_ptr<WorkerBackend>> LoadWorkerBackend(
-    const std::string& dir, LoadFormat format, const WorkerBackendOptions& o) {
+absl::StatusOr<std::unique_ptr<WorkerBackend>> LoadWorkerBackend(const std::string& dir,
+                                                                 LoadFormat format,
+                                                                 const WorkerBackendOptions& o) {
   RETURN_IF_ERROR(ValidateWorkerBackendOptions(o));
   if (o.device == "cuda") {
 #ifdef TS_HAVE_CUDA_BACKEND

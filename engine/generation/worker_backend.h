@@ -3,10 +3,12 @@
 // workers (and the all-in-one server, one per worker) hold one each.
 //
 //   device "cpu"   Model (fp32) + a PagePool of kv_pages x page_size slots + CpuBackend
-//   device "cuda"  CudaModel (bf16) on GPU `gpu` + CudaBackend; KV capacity kv_pages x page_size
-//                  token slots, or, with kv_pages = 0, planned from the GPU's free memory
-//                  (PlanKvTokens below). Only in builds with the CUDA backend; elsewhere
-//                  Unimplemented naming --device.
+//   device "cuda"  CudaModel (bf16) on GPU `gpu`, or with tp > 1 a TpCudaModel sharded over GPUs
+//                  gpu .. gpu + tp - 1, + CudaBackend; KV capacity kv_pages x page_size token
+//                  slots (on every GPU, each holding its KV heads), or, with kv_pages = 0,
+//                  planned from the GPUs' free memory (PlanKvTokens below, for one rank's
+//                  shard on the GPU with the least room). Only in builds with the CUDA backend;
+//                  elsewhere Unimplemented naming --device.
 #ifndef TOKENSELECT_ENGINE_GENERATION_WORKER_BACKEND_H_
 #define TOKENSELECT_ENGINE_GENERATION_WORKER_BACKEND_H_
 
@@ -18,6 +20,7 @@
 #include "engine/generation/backend.h"
 #include "engine/generation/model_loader.h"
 #include "engine/kvcache/page_pool.h"
+#include "engine/model/kv_cache_dtype.h"
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
 #include "tokenizer/tokenizer.h"
@@ -26,7 +29,9 @@ namespace tokenselect::engine {
 
 struct WorkerBackendOptions {
   std::string device = "cpu";  // cpu | cuda
-  int gpu = 0;                 // cuda: the device ordinal
+  int gpu = 0;                 // cuda: the device ordinal (of the first rank)
+  int tp = 1;                  // cuda: tensor-parallel size (GPUs gpu .. gpu + tp - 1)
+  KvCacheDType kv_dtype = KvCacheDType::kBF16;  // cuda: the KV cache's element type
   // KV capacity in pages of page_size token slots; cuda: 0 plans it from free memory.
   int64_t kv_pages = 4096;
   int64_t page_size = 16;
@@ -39,8 +44,8 @@ struct WorkerBackendOptions {
   uint64_t dummy_seed = 0;
 };
 
-// InvalidArgument naming the flag for a bad device, gpu, kv_pages, page_size, max_chunk,
-// max_batch or gpu_memory_fraction.
+// InvalidArgument naming the flag for a bad device, gpu, tp, kv_pages, page_size, max_chunk,
+// max_batch or gpu_memory_fraction (tp > 1 and kv_dtype fp8 need device cuda).
 absl::Status ValidateWorkerBackendOptions(const WorkerBackendOptions& options);
 
 class WorkerBackend {
@@ -71,8 +76,10 @@ absl::StatusOr<std::unique_ptr<WorkerBackend>> CpuWorkerBackend(
 // max_chunk-token steps and max_batch logits rows, and per-token selection scratch (one request's
 // scores and votes per KV slot, fp32 per query head), rounded down to pages. ResourceExhausted
 // (saying what is needed) when not even one page fits.
+// kv_element_bytes: 2 for bf16, 1 for an FP8 cache.
 absl::StatusOr<int64_t> PlanKvTokens(const ModelConfig& config, int64_t budget_bytes,
-                                     int64_t page_size, int64_t max_chunk, int64_t max_batch);
+                                     int64_t page_size, int64_t max_chunk, int64_t max_batch,
+                                     int64_t kv_element_bytes = 2);
 
 // Bytes of the bf16 weights of `config` on the GPU (fused projections, embedding, lm_head).
 int64_t GpuWeightBytes(const ModelConfig& config);

@@ -46,6 +46,28 @@ TEST(WorkerBackendOptionsTest, NamesTheBadFlag) {
   o = {};
   o.gpu_memory_fraction = 1.5;
   ExpectInvalid(o, "--gpu_memory_fraction");
+  o = {};
+  o.tp = 0;
+  ExpectInvalid(o, "--tp");
+  o.tp = 2;  // tensor parallelism shards a GPU model
+  ExpectInvalid(o, "--tp");
+  o.device = "cuda";
+  EXPECT_TRUE(ValidateWorkerBackendOptions(o).ok());
+}
+
+// With --tp the workers plan one rank's shard per GPU: at TP=2 on two H200s the KV slots per
+// GPU hold half the heads, so about twice the tokens fit (1M tokens of Llama-3-8B on two).
+TEST(PlanKvTokensTest, Llama3_8BShardedOverTwoH200s) {
+  const ModelConfig c = Llama3_8BConfig();
+  ModelConfig shard = c;  // CudaModel::ShardConfig(c, 2)
+  shard.num_heads /= 2;
+  shard.num_kv_heads /= 2;
+  shard.intermediate_size /= 2;
+  auto one = PlanKvTokens(c, 126 * kGiB, 16, 512, 64);
+  auto two = PlanKvTokens(shard, 126 * kGiB, 16, 512, 64);
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_GT(*two, 1048576 + 4096);
+  EXPECT_GT(static_cast<double>(*two) / static_cast<double>(*one), 1.9);
 }
 
 TEST(PlanKvTokensTest, Llama3_8BOnAnH200) {
