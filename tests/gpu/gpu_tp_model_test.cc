@@ -29,6 +29,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/generation/cuda_backend.h"
 #include "engine/model/cuda_model.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model_presets.h"
@@ -479,6 +481,91 @@ TEST_P(TpModelTest, GraphsMatchEagerAndOneRankIsThePlainModel) {
   EXPECT_EQ(one_->shard(0)->config().num_heads, config_.num_heads);
 }
 
+// The serving backend over the sharded model (what `--tp` runs): K/V read from a runner of one
+// tensor-parallel size and written into a runner of another goes through the host format of
+// the whole model (every KV head), byte for byte both ways, and decoding continues from it:
+// prefill on TP=N then decode on one GPU, and the reverse, against TP=N doing both.
+TEST_P(TpModelTest, KvMovesBetweenTpSizesThroughTheBackend) {
+  CudaBackend one(one_.get());
+  CudaBackend tp(tp_.get());
+  EXPECT_EQ(tp.tp_size(), GetParam().tp);
+  EXPECT_FALSE(tp.device_cache().has_value());  // device links are one GPU's
+  EXPECT_EQ(tp.kv_layout().num_kv_heads, config_.num_kv_heads);
+  SelectionOptions selection = SmallBudget(MainPolicy());
+  selection.chunk_size = kChunk;
+  constexpr int64_t kNew = 12;
+  // Greedy continuation of `runner` after its prefill produced `logits`.
+  auto continue_greedy = [&](SequenceRunner* runner, std::vector<float> logits) {
+    std::vector<int32_t> out;
+    for (int64_t i = 0; i < kNew; ++i) {
+      const int32_t next = static_cast<int32_t>(
+          std::max_element(logits.begin(), logits.end()) - logits.begin());
+      out.push_back(next);
+      const absl::Status st = runner->Forward(std::vector<int32_t>{next}, &logits);
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) break;
+    }
+    return out;
+  };
+  auto prefill = [&](GenerationBackend* backend, const std::vector<int32_t>& prompt,
+                     std::vector<float>* logits) {
+    auto runner = backend->Start(static_cast<int64_t>(prompt.size()) + kNew + 1, selection);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    for (size_t b = 0; runner.ok() && b < prompt.size(); b += kChunk) {
+      const size_t n = std::min<size_t>(kChunk, prompt.size() - b);
+      const absl::Status st = (*runner)->Forward(
+          absl::MakeConstSpan(prompt).subspan(b, n), b + n == prompt.size() ? logits : nullptr);
+      EXPECT_TRUE(st.ok()) << st;
+    }
+    return runner.ok() ? std::move(*runner) : nullptr;
+  };
+  // Moves every layer of positions [0, len) from `from` into a new runner of `to`.
+  auto move = [&](SequenceRunner* from, GenerationBackend* to, int64_t len, KvBlock* sent) {
+    KvBlockRange range{0, static_cast<int32_t>(config_.num_layers), 0, len};
+    auto block = from->kv()->Encode(range, 1, /*checksum=*/true);
+    EXPECT_TRUE(block.ok()) << block.status();
+    auto runner = to->Start(len + kNew + 1, selection);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    if (!block.ok() || !runner.ok()) return std::unique_ptr<SequenceRunner>();
+    EXPECT_TRUE((*runner)->kv()->Write(*block).ok());
+    EXPECT_TRUE((*runner)->kv()->Commit(len).ok());
+    auto back = (*runner)->kv()->Encode(range, 1, true);
+    EXPECT_TRUE(back.ok()) << back.status();
+    if (back.ok()) {
+      EXPECT_TRUE(back->data == block->data) << "K/V changed on the way through the host format";
+    }
+    *sent = *std::move(block);
+    return std::move(*runner);
+  };
+  int same_tp_to_one = 0, same_one_to_tp = 0;
+  const int kPrompts = 4;
+  for (int p = 0; p < kPrompts; ++p) {
+    const std::vector<int32_t> prompt = Prompt(97 + 131 * p, 7 + p, config_.vocab_size);
+    const int64_t len = static_cast<int64_t>(prompt.size());
+    std::vector<float> tp_logits, one_logits;
+    auto on_tp = prefill(&tp, prompt, &tp_logits);
+    auto on_one = prefill(&one, prompt, &one_logits);
+    ASSERT_TRUE(on_tp && on_one);
+    KvBlock from_tp, from_one;
+    auto tp_to_one = move(on_tp.get(), &one, len, &from_tp);
+    auto one_to_tp = move(on_one.get(), &tp, len, &from_one);
+    ASSERT_TRUE(tp_to_one && one_to_tp);
+    // Same shape and nearly the same values (bf16 roundings of two summation orders).
+    ASSERT_EQ(from_tp.data.size(), from_one.data.size());
+    const std::vector<int32_t> reference = continue_greedy(on_tp.get(), tp_logits);
+    const std::vector<int32_t> a = continue_greedy(tp_to_one.get(), tp_logits);
+    const std::vector<int32_t> b = continue_greedy(one_to_tp.get(), one_logits);
+    same_tp_to_one += a == reference ? 1 : 0;
+    same_one_to_tp += b == reference ? 1 : 0;
+  }
+  printf("%s TP=%d backend: K/V TP=%d -> 1 GPU: %d/%d continuations as TP=%d; 1 GPU -> TP=%d: "
+         "%d/%d\n",
+         GetParam().model.c_str(), GetParam().tp, GetParam().tp, same_tp_to_one, kPrompts,
+         GetParam().tp, GetParam().tp, same_one_to_tp, kPrompts);
+  EXPECT_GE(same_tp_to_one, kPrompts - 1);
+  EXPECT_GE(same_one_to_tp, kPrompts - 1);
+}
+
 std::vector<TpCase> Cases() {
   return {{"llama-gqa", 2},       {"llama-gqa-bias", 2}, {"qwen2-bias", 2},     {"llama3-rope", 2},
           {"llama3-rope-kv4", 2}, {"qwen2-bias", 4},     {"llama3-rope-kv4", 4}};
@@ -525,6 +612,60 @@ TEST(TpShapesTest, NonDividingSizesAreInvalidArguments) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A rank that fails in the middle of a call, while the other waits for it in an all-reduce,
+// does not hang the process: after the grace period the communicators are aborted, the call
+// returns the failed rank's error and the model refuses later calls. Errors every rank hits
+// alike (bad arguments) leave the model usable.
+//
+// DISABLED: on 2 x H200 (2026-11-21) this test hangs in its second Forward (the first real
+// step after the refused bad-token call): one rank issues the step's first all-reduce and the
+// other never does, with and without the per-layer host wait, so the abort path below it never
+// ran. Cause not found yet (docs/parallel.md, "Status").
+TEST(TpFailureTest, DISABLED_OneRankFailingMidStepAbortsTheGroupInsteadOfHanging) {
+  if (DeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  PresetOptions preset;
+  auto config = PresetConfig("llama-gqa", preset);
+  ASSERT_TRUE(config.ok());
+  TpCudaModelOptions options;
+  options.tp_size = 2;
+  options.model.max_tokens = 256;
+  options.abort_grace_ms = 2000;
+  auto made = TpCudaModel::CreateDummy(*config, DummyWeightOptions{}, options);
+  ASSERT_TRUE(made.ok()) << made.status();
+  TpCudaModel& model = **made;
+  auto seq = model.NewSequence(64);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  std::vector<float> logits;
+  // The same bad argument on every rank: an error, and the group stays usable.
+  const std::vector<int32_t> bad = {1, static_cast<int32_t>(config->vocab_size + 5)};
+  EXPECT_EQ(model.Forward(seq->get(), bad, {}, &logits).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(model.Forward(seq->get(), std::vector<int32_t>{1, 2, 3}, {}, &logits).ok());
+
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status failed = model.RunOnRanks([](int rank, CudaModel* shard) -> absl::Status {
+    if (rank == 1) return absl::InternalError("injected failure");
+    float* value = nullptr;
+    if (cudaMalloc(reinterpret_cast<void**>(&value), sizeof(float)) != cudaSuccess) return absl::InternalError("cudaMalloc");
+    absl::Status st = shard->options().tp->AllReduceSum(value, 1, shard->stream());
+    if (st.ok() && cudaStreamSynchronize(shard->stream()) != cudaSuccess) {
+      st = absl::InternalError("sync");
+    }
+    cudaFree(value);
+    return st;
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_NE(failed.message().find("rank 1"), std::string::npos) << failed;
+  EXPECT_NE(failed.message().find("injected failure"), std::string::npos) << failed;
+  EXPECT_LT(seconds, 30.0);
+  printf("one rank failing: the group aborted after %.2f s (grace 2 s)\n", seconds);
+  const absl::Status after = model.Forward(seq->get(), std::vector<int32_t>{4}, {}, &logits);
+  EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
+  EXPECT_NE(after.message().find("aborted"), std::string::npos) << after;
 }
 
 }  // namespace
