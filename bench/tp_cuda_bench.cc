@@ -11,7 +11,7 @@
 // would; its keys are the model's own. Contexts that do not fit a rank's free memory (weights +
 // KV + 8 GiB of slack) are skipped: 1M tokens of Llama-3-8B KV is 128 GiB, which needs >= 2 H200.
 //   bench_tp_cuda [--tp 1,2,4] [--contexts 131072,1048576] [--policies dense,tokenselect]
-//                 [--decode 16] [--chunks 3] [--graphs 1] [--theta 0.9]
+//                 [--decode 16] [--chunks 3] [--graphs 1] [--theta 0.9] [--kv_dtype bf16|fp8]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,9 +30,9 @@
 #include "engine/model/cuda_model.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model_config.h"
+#include "engine/model/model_presets.h"
 #include "engine/parallel/tp_cuda_model.h"
 #include "engine/selection/cuda_selection.h"
-#include "engine/model/model_presets.h"
 #include "engine/selection/selection_options.h"
 
 namespace tokenselect::engine {
@@ -132,7 +132,7 @@ struct Row {
   } while (0)
 
 // Everything for one TP size; appends its rows.
-absl::Status RunTp(int tp, const std::vector<int64_t>& contexts,
+absl::Status RunTp(int tp, KvCacheDType kv_dtype, const std::vector<int64_t>& contexts,
                    const std::vector<std::string>& policies, int64_t decode, int64_t chunks,
                    bool graphs, double theta, std::vector<Row>* rows) {
   const ModelConfig config = Llama3_8BConfig();
@@ -142,7 +142,9 @@ absl::Status RunTp(int tp, const std::vector<int64_t>& contexts,
                                2 * hidden;
   const double weights_per_rank =
       2.0 * (L * layer_params / tp + 2 * config.vocab_size * hidden + hidden);
-  const double kv_per_token = 2.0 * 2 * L * config.kv_dim() / tp;  // K and V, bf16, this rank
+  // K and V of this rank, bf16 or FP8.
+  const double kv_per_token =
+      2.0 * static_cast<double>(KvCacheElementBytes(kv_dtype)) * L * config.kv_dim() / tp;
   size_t free_bytes = 0, total_bytes = 0;
   cudaSetDevice(0);
   cudaMemGetInfo(&free_bytes, &total_bytes);
@@ -170,6 +172,7 @@ absl::Status RunTp(int tp, const std::vector<int64_t>& contexts,
   options.model.max_chunk = 512;
   options.model.max_batch = 8;
   options.model.use_graphs = graphs;
+  options.model.kv_dtype = kv_dtype;
   DummyWeightOptions dummy;
   dummy.init = DummyInit::kHuggingFace;
   const auto load_start = std::chrono::steady_clock::now();
@@ -271,6 +274,7 @@ int Main(int argc, char** argv) {
   int64_t decode = 16, chunks = 3;
   bool graphs = true;
   double theta = 0.9;
+  KvCacheDType kv_dtype = KvCacheDType::kBF16;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--tp") tp_list = argv[i + 1];
@@ -280,6 +284,14 @@ int Main(int argc, char** argv) {
     if (flag == "--chunks") chunks = std::max<int64_t>(1, std::atoll(argv[i + 1]));
     if (flag == "--graphs") graphs = std::atoi(argv[i + 1]) != 0;
     if (flag == "--theta") theta = std::atof(argv[i + 1]);
+    if (flag == "--kv_dtype") {
+      auto parsed = ParseKvCacheDType(argv[i + 1]);
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
+        return 2;
+      }
+      kv_dtype = *parsed;
+    }
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -288,8 +300,9 @@ int Main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("devices: %d x %s; decode steps %lld, graphs %s, theta %.2f\n", devices, prop.name,
-              static_cast<long long>(decode), graphs ? "on" : "off", theta);
+  std::printf("devices: %d x %s; decode steps %lld, graphs %s, theta %.2f, KV cache %s\n", devices,
+              prop.name, static_cast<long long>(decode), graphs ? "on" : "off", theta,
+              KvCacheDTypeName(kv_dtype));
   const std::vector<std::string> policies = ParseNames(policy_list);
   std::vector<Row> rows;
   bool failed = false;
@@ -298,8 +311,8 @@ int Main(int argc, char** argv) {
       std::printf("TP=%lld: skipped (%d GPUs)\n", static_cast<long long>(tp), devices);
       continue;
     }
-    const absl::Status st = RunTp(static_cast<int>(tp), ParseList(context_list), policies, decode,
-                                  chunks, graphs, theta, &rows);
+    const absl::Status st = RunTp(static_cast<int>(tp), kv_dtype, ParseList(context_list), policies,
+                                  decode, chunks, graphs, theta, &rows);
     if (!st.ok()) {
       std::printf("TP=%lld failed: %s\n", static_cast<long long>(tp), st.ToString().c_str());
       failed = true;
