@@ -60,7 +60,7 @@ __device__ __forceinline__ void CopyRow(const CopyParams& p, int64_t r, int lane
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
     for (int64_t base = 0; base < pieces; base += 32 * kUnroll) {
-      uint4 v[kUnroll] = {};
+      uint4 v[kUnroll];  // (a zero initializer spills 4 bytes on sm_80)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t c = base + u * 32 + lane;
