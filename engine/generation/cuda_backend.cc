@@ -275,25 +275,6 @@ absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> LoadGpuTokenizer(const std
 
 }  // namespace
 
-absl::StatusOr<LoadedCudaModel> LoadCudaModelDirectory(const std::string& dir, LoadFormat format,
-                                                       uint64_t dummy_seed,
-                                                       const CudaModelOptions& options) {
-  RETURN_IF_ERROR(CudaModel::CheckDevice());  // before reading gigabytes of weights
-  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
-  LoadedCudaModel loaded;
-  ASSIGN_OR_RETURN(loaded.tokenizer, LoadGpuTokenizer(dir, config));
-  if (format == LoadFormat::kDummy) {
-    DummyWeightOptions dummy;
-    dummy.seed = dummy_seed;
-    ASSIGN_OR_RETURN(loaded.model, CudaModel::CreateDummy(config, dummy, options));
-  } else {
-    WeightLoadStats stats;
-    ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(config, dir, &stats));
-    ASSIGN_OR_RETURN(loaded.model, CudaModel::Create(config, weights, options));
-  }
-  return loaded;
-}
-
 absl::StatusOr<LoadedTpCudaModel> LoadTpCudaModelDirectory(const std::string& dir,
                                                            LoadFormat format, uint64_t dummy_seed,
                                                            const TpCudaModelOptions& options) {

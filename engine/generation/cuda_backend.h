@@ -68,27 +68,17 @@ class CudaBackend : public GenerationBackend {
   mutable absl::Mutex mu_;  // every call into model_
 };
 
-struct LoadedCudaModel {
-  std::unique_ptr<CudaModel> model;
-  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
-};
-
-// LoadModelDirectory for the GPU: config.json and the tokenizer from `dir`, weights from its
-// safetensors or (kDummy) LoadDummyWeights' values generated slab by slab, so that 8B-scale
-// dummy models never hold their fp32 weights in host memory. Errors as LoadModelDirectory's and
-// CudaModel::Create's.
-absl::StatusOr<LoadedCudaModel> LoadCudaModelDirectory(const std::string& dir, LoadFormat format,
-                                                       uint64_t dummy_seed,
-                                                       const CudaModelOptions& options);
-
 struct LoadedTpCudaModel {
   std::unique_ptr<TpCudaModel> model;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
 };
 
-// The same for a model sharded over options.tp_size GPUs (one: the plain model). Also
-// TpCudaModel::Create's errors (InvalidArgument naming the config.json field tp_size does not
-// divide; FailedPrecondition for too few GPUs or lazy kernel loading).
+// LoadModelDirectory for the GPU: config.json and the tokenizer from `dir`, weights from its
+// safetensors or (kDummy) LoadDummyWeights' values generated slab by slab, so that 8B-scale
+// dummy models never hold their fp32 weights in host memory; sharded over options.tp_size GPUs
+// (one: the plain model, TpCudaModel::shard(0)). Errors as LoadModelDirectory's and
+// TpCudaModel::Create's (InvalidArgument naming the config.json field tp_size does not divide;
+// FailedPrecondition for too few GPUs or lazy kernel loading).
 absl::StatusOr<LoadedTpCudaModel> LoadTpCudaModelDirectory(const std::string& dir,
                                                            LoadFormat format, uint64_t dummy_seed,
                                                            const TpCudaModelOptions& options);

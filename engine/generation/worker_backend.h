@@ -59,7 +59,7 @@ class WorkerBackend {
   virtual std::string Describe() const = 0;
 };
 
-// Loads `dir` for `options.device`. Errors of LoadModelDirectory / LoadCudaModelDirectory,
+// Loads `dir` for `options.device`. Errors of LoadModelDirectory / LoadTpCudaModelDirectory,
 // ValidateWorkerBackendOptions; FailedPrecondition when the GPU cannot be used;
 // ResourceExhausted when the weights or the KV do not fit.
 absl::StatusOr<std::unique_ptr<WorkerBackend>> LoadWorkerBackend(const std::string& dir,

@@ -65,13 +65,13 @@ Summary Compare(const std::string& golden_dir, DummyInit init) {
       options.init = init;
       EXPECT_TRUE(WriteDemoCheckpoint(dir, options).ok());
     }
-    CudaModelOptions cuda;
-    cuda.max_tokens = 2048;
-    cuda.max_chunk = 512;
-    auto loaded = LoadCudaModelDirectory(dir, LoadFormat::kSafetensors, 0, cuda);
+    TpCudaModelOptions one_gpu;
+    one_gpu.model.max_tokens = 2048;
+    one_gpu.model.max_chunk = 512;
+    auto loaded = LoadTpCudaModelDirectory(dir, LoadFormat::kSafetensors, 0, one_gpu);
     EXPECT_TRUE(loaded.ok()) << loaded.status();
     if (!loaded.ok()) continue;
-    CudaModel& model = *loaded->model;
+    CudaModel& model = *loaded->model->shard(0);  // one rank: the plain model
     const int64_t vocab = model.config().vocab_size;
     const std::vector<float> hf_rows = ReadFloats(golden_dir + "/" + preset + ".logits.bin");
     int64_t row = 0;
