@@ -32,43 +32,16 @@
 #include "engine/model/model.h"
 #include "engine/model/model_presets.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/cpu_oracle_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::engine {
 namespace {
 
-int32_t CpuArgmax(const std::vector<float>& logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
-  }
-  return best;
-}
+using gpu_test::CpuArgmax;
+using gpu_test::RoundedToBf16;
 
 class CudaModelTest : public ::testing::TestWithParam<std::string> {};
-
-ModelWeights RoundedToBf16(ModelWeights w) {
-  auto round = [](std::vector<float>* v) {
-    for (float& f : *v) {
-      uint32_t u;
-      std::memcpy(&u, &f, sizeof(u));
-      u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-      std::memcpy(&f, &u, sizeof(u));
-    }
-  };
-  round(&w.embed_tokens);
-  round(&w.norm);
-  round(&w.lm_head_weight);
-  for (LayerWeights& l : w.layers) {
-    for (std::vector<float>* v :
-         {&l.input_layernorm, &l.q_proj, &l.q_bias, &l.k_proj, &l.k_bias, &l.v_proj, &l.v_bias,
-          &l.o_proj, &l.o_bias, &l.post_attention_layernorm, &l.gate_proj, &l.gate_bias, &l.up_proj,
-          &l.up_bias, &l.down_proj, &l.down_bias}) {
-      round(v);
-    }
-  }
-  return w;
-}
 
 TEST_P(CudaModelTest, TracksTheCpuForwardTeacherForced) {
   PresetOptions preset;
@@ -164,27 +137,13 @@ TEST_P(CudaModelTest, QuietModelMatchesTheFp32Cpu) {
   std::vector<int32_t> tokens(40);
   for (int32_t& t : tokens) t = any_token(rng);
   TokenTable table(pool->get(), "req");
-  ForwardWorkspace ws;
-  std::vector<float> cpu_logits, gpu_logits;
-  double worst = 0.0;
+  std::vector<double> rel;
   int agree = 0;
   constexpr int kSteps = 32;
-  for (int step = 0; step < kSteps; ++step) {
-    ForwardRequest request;
-    request.tokens = tokens;
-    request.table = &table;
-    ASSERT_TRUE((*cpu)->Forward(request, &ws, &cpu_logits).ok());
-    ASSERT_TRUE((*gpu)->Forward(tokens, &gpu_logits).ok());
-    const double rel =
-        gpu_test::RelativeL2(gpu_logits.data(), cpu_logits.data(), cpu_logits.size());
-    worst = std::max(worst, rel);
-    EXPECT_LE(rel, 2e-2) << "step " << step;
-    const int32_t want = CpuArgmax(cpu_logits);
-    auto got = (*gpu)->GreedyToken();
-    ASSERT_TRUE(got.ok()) << got.status();
-    agree += *got == want ? 1 : 0;
-    tokens = {want};
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      gpu_test::TeacherForce(**cpu, &table, gpu->get(), tokens, kSteps, &rel, &agree));
+  for (size_t step = 0; step < rel.size(); ++step) EXPECT_LE(rel[step], 2e-2) << "step " << step;
+  const double worst = *std::max_element(rel.begin(), rel.end());
   std::printf("%s quiet init: logits rel L2 vs fp32 CPU worst %.3g; argmax agreement %d/%d\n",
               GetParam().c_str(), worst, agree, kSteps);
 }

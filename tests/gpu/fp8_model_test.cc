@@ -29,6 +29,7 @@
 #include "engine/selection/selection_policy.h"
 #include "gtest/gtest.h"
 #include "kernels/ops.h"
+#include "tests/gpu/cpu_oracle_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::engine {
@@ -36,27 +37,7 @@ namespace {
 
 using gpu_test::DeviceBuffer;
 
-int32_t CpuArgmax(const std::vector<float>& logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
-ModelWeights RoundedToBf16(ModelWeights w) {
-  auto round = [](std::vector<float>* v) {
-    for (float& f : *v) f = gpu_test::RoundBf16(f);
-  };
-  round(&w.embed_tokens);
-  round(&w.norm);
-  round(&w.lm_head_weight);
-  for (LayerWeights& l : w.layers) {
-    for (std::vector<float>* v :
-         {&l.input_layernorm, &l.q_proj, &l.q_bias, &l.k_proj, &l.k_bias, &l.v_proj, &l.v_bias,
-          &l.o_proj, &l.o_bias, &l.post_attention_layernorm, &l.gate_proj, &l.gate_bias, &l.up_proj,
-          &l.up_bias, &l.down_proj, &l.down_bias}) {
-      round(v);
-    }
-  }
-  return w;
-}
+using gpu_test::RoundedToBf16;
 
 CudaModelOptions GpuOptions(int64_t max_tokens, KvCacheDType dtype) {
   CudaModelOptions o;
@@ -92,11 +73,11 @@ TEST_P(Fp8ModelTest, ScalesAndMemoryMatchTheCpu) {
   EXPECT_TRUE((*gpu16)->kv_scales().empty());
   EXPECT_EQ((*gpu8)->kv_element_bytes(), 1);
   EXPECT_EQ((*gpu8)->kv_bytes() * 2, (*gpu16)->kv_bytes());
-  EXPECT_EQ((*gpu8)->kv_bytes(),
-            (*gpu8)->num_slots() * 2 * config.num_layers * config.kv_dim());
+  EXPECT_EQ((*gpu8)->kv_bytes(), (*gpu8)->num_slots() * 2 * config.num_layers * config.kv_dim());
   EXPECT_EQ((*gpu16)->k_scale(0), nullptr);
   ASSERT_NE((*gpu8)->k_scale(1), nullptr);
-  const std::vector<float> layer1 = gpu_test::DownloadFrom((*gpu8)->v_scale(1), config.num_kv_heads);
+  const std::vector<float> layer1 =
+      gpu_test::DownloadFrom((*gpu8)->v_scale(1), config.num_kv_heads);
   for (int64_t h = 0; h < config.num_kv_heads; ++h) {
     EXPECT_EQ(layer1[h], (*cpu)->kv_scales()[KvScaleIndex(1, 1, h, config.num_kv_heads)]);
   }
@@ -123,25 +104,13 @@ TEST_P(Fp8ModelTest, QuietModelMatchesTheCpuFp8Oracle) {
   std::vector<int32_t> tokens(40);
   for (int32_t& t : tokens) t = any_token(rng);
   TokenTable table(pool.get(), "req");
-  ForwardWorkspace ws;
-  std::vector<float> cpu_logits, gpu_logits;
-  double worst = 0.0;
+  std::vector<double> rel;
   int agree = 0;
   constexpr int kSteps = 32;
-  for (int step = 0; step < kSteps; ++step) {
-    ForwardRequest request;
-    request.tokens = tokens;
-    request.table = &table;
-    ASSERT_TRUE((*cpu)->Forward(request, &ws, &cpu_logits).ok());
-    ASSERT_TRUE((*gpu)->Forward(tokens, &gpu_logits).ok());
-    const double rel =
-        gpu_test::RelativeL2(gpu_logits.data(), cpu_logits.data(), cpu_logits.size());
-    worst = std::max(worst, rel);
-    EXPECT_LE(rel, 2e-2) << "step " << step;
-    const int32_t want = CpuArgmax(cpu_logits);
-    agree += (*gpu)->GreedyToken().value() == want ? 1 : 0;
-    tokens = {want};
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      gpu_test::TeacherForce(**cpu, &table, gpu->get(), tokens, kSteps, &rel, &agree));
+  for (size_t step = 0; step < rel.size(); ++step) EXPECT_LE(rel[step], 2e-2) << "step " << step;
+  const double worst = *std::max_element(rel.begin(), rel.end());
   std::printf("%s FP8 quiet init: logits rel L2 vs CPU FP8 oracle worst %.3g; argmax %d/%d\n",
               GetParam().c_str(), worst, agree, kSteps);
 }
@@ -176,22 +145,9 @@ TEST_P(Fp8ModelTest, TracksTheCpuFp8OracleAndReportsGreedyAgainstBf16) {
     std::vector<int32_t> tokens(static_cast<size_t>(5 + 17 * prompt));
     for (int32_t& t : tokens) t = any_token(rng);
     TokenTable table(pool.get(), "oracle");
-    ForwardWorkspace ws;
-    std::vector<float> oracle_logits, gpu_logits;
-    (*gpu)->Reset();
-    for (int step = 0; step < kSteps; ++step) {
-      ForwardRequest request;
-      request.tokens = tokens;
-      request.table = &table;
-      ASSERT_TRUE((*oracle)->Forward(request, &ws, &oracle_logits).ok());
-      ASSERT_TRUE((*gpu)->Forward(tokens, &gpu_logits).ok());
-      rel.push_back(
-          gpu_test::RelativeL2(gpu_logits.data(), oracle_logits.data(), oracle_logits.size()));
-      const int32_t want = CpuArgmax(oracle_logits);
-      ++total;
-      agree += (*gpu)->GreedyToken().value() == want ? 1 : 0;
-      tokens = {want};
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        gpu_test::TeacherForce(**oracle, &table, gpu->get(), tokens, kSteps, &rel, &agree));
+    total += kSteps;
   }
   std::sort(rel.begin(), rel.end());
   const double median = rel[rel.size() / 2], worst = rel.back();
@@ -221,9 +177,10 @@ TEST_P(Fp8ModelTest, TracksTheCpuFp8OracleAndReportsGreedyAgainstBf16) {
   }
   int same = 0;
   for (int i = 0; i < kNew; ++i) same += out8[prompt.size() + i] == out16[prompt.size() + i];
-  std::printf("%s greedy, FP8 vs bf16 KV: first %d of %d new tokens identical (%d positions "
-              "equal overall)\n",
-              GetParam().c_str(), first_diff, kNew, same);
+  std::printf(
+      "%s greedy, FP8 vs bf16 KV: first %d of %d new tokens identical (%d positions "
+      "equal overall)\n",
+      GetParam().c_str(), first_diff, kNew, same);
 }
 
 // ReadKv of an FP8 cache gives its e4m3 bytes (one per element); WriteKv of them into another
@@ -323,8 +280,8 @@ TEST(Fp8SelectionProviderTest, ListsEqualThoseOverTheDequantizedCache) {
   for (int64_t i = 0; i < num_slots; ++i) perm[i] = static_cast<int32_t>(i);
   std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> slots(perm.begin(), perm.begin() + total);
-  std::vector<float> scales = {0.0625f, 0.03125f, 0.125f, 0.0625f, 0.015625f, 0.0625f, 0.25f,
-                               0.0625f};
+  std::vector<float> scales = {0.0625f,   0.03125f, 0.125f, 0.0625f,
+                               0.015625f, 0.0625f,  0.25f,  0.0625f};
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint8_t> k8(static_cast<size_t>(num_slots * kv_dim));
   std::vector<uint16_t> k16(k8.size());
@@ -353,8 +310,8 @@ TEST(Fp8SelectionProviderTest, ListsEqualThoseOverTheDequantizedCache) {
     auto p16 = CudaSelectionAttention::Create(opt, config, total, 64);
     ASSERT_TRUE(p8.ok() && p16.ok());
     // A prefill chunk of 64 after 2000 cached tokens, then decode steps.
-    for (const auto& [cached, num_new] : std::vector<std::pair<int64_t, int64_t>>{
-             {2000, 64}, {2064, 1}, {2065, 1}, {2500, 1}}) {
+    for (const auto& [cached, num_new] :
+         std::vector<std::pair<int64_t, int64_t>>{{2000, 64}, {2064, 1}, {2065, 1}, {2500, 1}}) {
       std::vector<uint16_t> q(static_cast<size_t>(num_new * 32 * 128));
       for (uint16_t& x : q) x = gpu_test::FloatToBf16Bits(normal(rng));
       DeviceBuffer<uint16_t> d_q(q);
