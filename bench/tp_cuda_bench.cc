@@ -38,10 +38,12 @@
 namespace tokenselect::engine {
 namespace {
 
-// Tensor parallelism in one process needs eager kernel loading (TpCudaModel::Create checks);
-// the variable must be set before the first CUDA call, so before main. An explicit setting in
-// the environment wins.
-const bool kEagerLoading = [] { return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0; }();
+// Tensor parallelism in one process needs eager kernel loading (TpCudaModel::Create checks),
+// asked for before the first CUDA call, so before main.
+const bool kEagerLoading = [] {
+  TpCudaModel::RequestEagerLoading(/*tp_size=*/2);
+  return true;
+}();
 
 std::vector<int64_t> ParseList(const std::string& text) {
   std::vector<int64_t> out;

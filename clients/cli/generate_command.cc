@@ -4,7 +4,6 @@
 // to stdout as it is produced, and prints a summary to stderr.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -213,9 +212,7 @@ absl::StatusOr<engine::GenerationResult> GenerateOnCuda(engine::LoadFormat forma
   engine::TpCudaModelOptions tp;
   tp.tp_size = absl::GetFlag(FLAGS_tp);
   if (tp.tp_size < 1) return absl::InvalidArgumentError("--tp must be >= 1");
-  // Several GPUs in one process need eager kernel loading, set before the first CUDA call
-  // (docs/parallel.md); an explicit setting in the environment wins.
-  if (tp.tp_size > 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  engine::TpCudaModel::RequestEagerLoading(tp.tp_size);  // before the first CUDA call
   engine::CudaModelOptions& cuda = tp.model;
   cuda.max_chunk = options.selection.chunk_size;
   cuda.page_size = absl::GetFlag(FLAGS_page_size);

@@ -14,6 +14,21 @@
 
 namespace tokenselect::engine {
 
+namespace {
+
+// Frees every rank's selection provider on that rank's device.
+void ReleaseOnRanks(TpCudaModel* model,
+                    std::vector<std::unique_ptr<CudaSelectionAttention>>* attention) {
+  model
+      ->RunOnRanks([attention](int rank, CudaModel*) {
+        (*attention)[rank].reset();
+        return absl::OkStatus();
+      })
+      .IgnoreError();
+}
+
+}  // namespace
+
 // One request: its sequence in the model's pool and its selection provider on every rank. Its
 // KvStore copies through the host (the host transport; every rank its KV heads) or, on one GPU,
 // hands out the slots (device links).
@@ -27,12 +42,7 @@ class CudaRunner final : public SequenceRunner, public KvStore {
   ~CudaRunner() override {
     absl::MutexLock lock(&backend_->mu_);
     seq_.reset();  // returns the pages, on every rank (cudaFree waits for the device)
-    backend_->model_
-        ->RunOnRanks([this](int rank, CudaModel*) {
-          attention_[rank].reset();
-          return absl::OkStatus();
-        })
-        .IgnoreError();
+    ReleaseOnRanks(backend_->model_, &attention_);
   }
 
   absl::Status Forward(absl::Span<const int32_t> tokens, std::vector<float>* logits) override {
@@ -172,12 +182,7 @@ absl::StatusOr<std::unique_ptr<SequenceRunner>> CudaBackend::Start(
     return absl::OkStatus();
   });
   if (!made.ok()) {
-    model_
-        ->RunOnRanks([&](int rank, CudaModel*) {
-          attention[rank].reset();
-          return absl::OkStatus();
-        })
-        .IgnoreError();
+    ReleaseOnRanks(model_, &attention);
     return made;
   }
   return std::unique_ptr<SequenceRunner>(

@@ -1,7 +1,6 @@
 #include "engine/generation/worker_backend.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <limits>
 #include <utility>
 
@@ -95,10 +94,7 @@ absl::StatusOr<int64_t> GpuBudget(int gpu, double fraction) {
 absl::StatusOr<std::unique_ptr<WorkerBackend>> LoadCudaWorker(const std::string& dir,
                                                               LoadFormat format,
                                                               const WorkerBackendOptions& o) {
-  // Several GPUs in one process need eager kernel loading (docs/parallel.md); it must be set
-  // before the process's first CUDA call, which is the next line. An explicit setting in the
-  // environment wins (and TpCudaModel refuses a lazy one).
-  if (o.tp > 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  TpCudaModel::RequestEagerLoading(o.tp);  // before the first CUDA call, the next line
   RETURN_IF_ERROR(CudaModel::CheckDevice());
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || o.gpu + o.tp > count) {

@@ -59,8 +59,8 @@ absl::Status PrepareCopy(const CudaModel& model, const CudaSequence& seq, int64_
                          int64_t tb, int64_t te, KvCopyScratch* s, int64_t* bytes) {
   const ModelConfig& c = model.config();
   if (lb < 0 || le <= lb || le > c.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("K/V copy: layer range [", lb, ", ", le,
-                                                   ") outside [0, ", c.num_layers, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("K/V copy: layer range [", lb, ", ", le, ") outside [0, ", c.num_layers, ")"));
   }
   if (tb < 0 || te <= tb || te > seq.capacity()) {
     return absl::InvalidArgumentError(absl::StrCat("K/V copy: token range [", tb, ", ", te,
@@ -81,33 +81,34 @@ absl::Status PrepareCopy(const CudaModel& model, const CudaSequence& seq, int64_
   RETURN_IF_ERROR(s->v_layers.Allocate(v.size() * sizeof(void*)));
   RETURN_IF_ERROR(s->slots.Allocate(static_cast<size_t>(tokens) * sizeof(int32_t)));
   cudaStream_t stream = model.stream();
-  RETURN_IF_ERROR(kc::CudaStatus(cudaMemcpyAsync(s->k_layers.as<void>(), k.data(),
-                                                 k.size() * sizeof(void*),
+  RETURN_IF_ERROR(
+      kc::CudaStatus(cudaMemcpyAsync(s->k_layers.as<void>(), k.data(), k.size() * sizeof(void*),
+                                     cudaMemcpyHostToDevice, stream),
+                     "K/V copy: layer pointers"));
+  RETURN_IF_ERROR(
+      kc::CudaStatus(cudaMemcpyAsync(s->v_layers.as<void>(), v.data(), v.size() * sizeof(void*),
+                                     cudaMemcpyHostToDevice, stream),
+                     "K/V copy: layer pointers"));
+  RETURN_IF_ERROR(kc::CudaStatus(cudaMemcpyAsync(s->slots.as<void>(), seq.slots().data() + tb,
+                                                 static_cast<size_t>(tokens) * sizeof(int32_t),
                                                  cudaMemcpyHostToDevice, stream),
-                                 "K/V copy: layer pointers"));
-  RETURN_IF_ERROR(kc::CudaStatus(cudaMemcpyAsync(s->v_layers.as<void>(), v.data(),
-                                                 v.size() * sizeof(void*),
-                                                 cudaMemcpyHostToDevice, stream),
-                                 "K/V copy: layer pointers"));
-  RETURN_IF_ERROR(kc::CudaStatus(
-      cudaMemcpyAsync(s->slots.as<void>(), seq.slots().data() + tb,
-                      static_cast<size_t>(tokens) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                      stream),
-      "K/V copy: slots"));
+                                 "K/V copy: slots"));
   return absl::OkStatus();
 }
 
-// The host side of a copy: `bytes` of staging rows [layers * 2 * tokens][row] to or from the
-// host buffer, whose rows hold slice.total_heads heads with ours at slice.head_begin.
-absl::Status HostCopy(const ModelConfig& c, KvHostSlice slice, int64_t rows,
-                      int64_t bytes, void* host, void* staging, cudaMemcpyKind kind,
-                      cudaStream_t stream) {
+// The host side of a copy of `model`'s K/V: `bytes` of staging rows [layers * 2 * tokens][row]
+// to or from the host buffer, whose rows hold slice.total_heads heads with ours at
+// slice.head_begin.
+absl::Status HostCopy(const CudaModel& model, KvHostSlice slice, int64_t bytes, void* host,
+                      void* staging, cudaMemcpyKind kind) {
+  const ModelConfig& c = model.config();
+  cudaStream_t stream = model.stream();
   const int64_t heads = c.num_kv_heads;
   if (slice.total_heads == 0) slice.total_heads = heads;
   if (slice.head_begin < 0 || slice.head_begin + heads > slice.total_heads) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "K/V copy: heads [", slice.head_begin, ", ", slice.head_begin + heads,
-        ") outside the host rows' ", slice.total_heads, " KV heads"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("K/V copy: heads [", slice.head_begin, ", ", slice.head_begin + heads,
+                     ") outside the host rows' ", slice.total_heads, " KV heads"));
   }
   if (slice.total_heads == heads) {
     return kc::CudaStatus(
@@ -116,16 +117,15 @@ absl::Status HostCopy(const ModelConfig& c, KvHostSlice slice, int64_t rows,
             : cudaMemcpyAsync(staging, host, static_cast<size_t>(bytes), kind, stream),
         "K/V copy: host");
   }
-  const size_t width = static_cast<size_t>(bytes / rows);  // this model's heads of one row
-  const size_t head_bytes = width / static_cast<size_t>(heads);
+  const size_t head_bytes = static_cast<size_t>(c.head_dim * model.kv_element_bytes());
+  const size_t width = head_bytes * static_cast<size_t>(heads);  // this model's part of a row
+  const size_t rows = static_cast<size_t>(bytes) / width;
   const size_t pitch = head_bytes * static_cast<size_t>(slice.total_heads);
   char* host_at = static_cast<char*>(host) + head_bytes * static_cast<size_t>(slice.head_begin);
   return kc::CudaStatus(
       kind == cudaMemcpyDeviceToHost
-          ? cudaMemcpy2DAsync(host_at, pitch, staging, width, width, static_cast<size_t>(rows),
-                              kind, stream)
-          : cudaMemcpy2DAsync(staging, width, host_at, pitch, width, static_cast<size_t>(rows),
-                              kind, stream),
+          ? cudaMemcpy2DAsync(host_at, pitch, staging, width, width, rows, kind, stream)
+          : cudaMemcpy2DAsync(staging, width, host_at, pitch, width, rows, kind, stream),
       "K/V copy: host (sliced by KV head)");
 }
 
@@ -152,9 +152,7 @@ absl::Status CudaModel::ReadKv(const CudaSequence& seq, int64_t layer_begin, int
   p.num_slots = num_slots();
   p.elem_bytes = static_cast<int>(kv_element_bytes());
   RETURN_IF_ERROR(kc::CudaStatus(kc::KvGather(p, dev_->stream), "ReadKv: KvGather"));
-  RETURN_IF_ERROR(HostCopy(config_, slice, (layer_end - layer_begin) * 2 * (token_end - token_begin),
-                           bytes, out, s.staging.as<void>(), cudaMemcpyDeviceToHost,
-                           dev_->stream));
+  RETURN_IF_ERROR(HostCopy(*this, slice, bytes, out, s.staging.as<void>(), cudaMemcpyDeviceToHost));
   return Synchronize();  // before the scratch goes
 }
 
@@ -168,9 +166,8 @@ absl::Status CudaModel::WriteKv(CudaSequence* seq, int64_t layer_begin, int64_t 
   int64_t bytes = 0;
   RETURN_IF_ERROR(
       PrepareCopy(*this, *seq, layer_begin, layer_end, token_begin, token_end, &s, &bytes));
-  RETURN_IF_ERROR(HostCopy(config_, slice, (layer_end - layer_begin) * 2 * (token_end - token_begin),
-                           bytes, const_cast<void*>(in), s.staging.as<void>(),
-                           cudaMemcpyHostToDevice, dev_->stream));
+  RETURN_IF_ERROR(HostCopy(*this, slice, bytes, const_cast<void*>(in), s.staging.as<void>(),
+                           cudaMemcpyHostToDevice));
   kc::KvScatterParams p;
   p.k_layers = s.k_layers.as<__nv_bfloat16* const>();
   p.v_layers = s.v_layers.as<__nv_bfloat16* const>();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <utility>
@@ -119,6 +120,10 @@ absl::StatusOr<std::unique_ptr<TpCudaModel>> TpCudaModel::Build(const ModelConfi
   }));
   if (n > 1) RETURN_IF_ERROR(m->WarmUp());
   return model;
+}
+
+void TpCudaModel::RequestEagerLoading(int tp_size) {
+  if (tp_size > 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
 }
 
 std::unique_ptr<TpCudaModel> TpCudaModel::Adopt(CudaModel* model) {

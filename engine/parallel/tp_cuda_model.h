@@ -97,6 +97,11 @@ class TpCudaModel {
   TpCudaModel(const TpCudaModel&) = delete;
   TpCudaModel& operator=(const TpCudaModel&) = delete;
 
+  // For a process about to shard a model over tp_size > 1 GPUs: asks for eager kernel loading,
+  // which Create requires, unless the environment already says how to load. Effective only
+  // before the process's first CUDA call (docs/parallel.md).
+  static void RequestEagerLoading(int tp_size);
+
   // A one-rank view of a CudaModel the caller owns (it must outlive the view): the one-GPU
   // path, for code written against TpCudaModel (CudaBackend). Runs on the calling thread.
   static std::unique_ptr<TpCudaModel> Adopt(CudaModel* model);

@@ -51,10 +51,12 @@
 namespace tokenselect::engine {
 namespace {
 
-// Tensor parallelism in one process needs eager kernel loading (TpCudaModel::Create checks);
-// the variable must be set before the first CUDA call, so before main. An explicit setting in
-// the environment wins.
-const bool kEagerLoading = [] { return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0; }();
+// Tensor parallelism in one process needs eager kernel loading (TpCudaModel::Create checks),
+// asked for before the first CUDA call, so before main.
+const bool kEagerLoading = [] {
+  TpCudaModel::RequestEagerLoading(/*tp_size=*/2);
+  return true;
+}();
 
 int DeviceCount() {
   int n = 0;
@@ -648,7 +650,9 @@ TEST(TpFailureTest, DISABLED_OneRankFailingMidStepAbortsTheGroupInsteadOfHanging
   const absl::Status failed = model.RunOnRanks([](int rank, CudaModel* shard) -> absl::Status {
     if (rank == 1) return absl::InternalError("injected failure");
     float* value = nullptr;
-    if (cudaMalloc(reinterpret_cast<void**>(&value), sizeof(float)) != cudaSuccess) return absl::InternalError("cudaMalloc");
+    if (cudaMalloc(reinterpret_cast<void**>(&value), sizeof(float)) != cudaSuccess) {
+      return absl::InternalError("cudaMalloc");
+    }
     absl::Status st = shard->options().tp->AllReduceSum(value, 1, shard->stream());
     if (st.ok() && cudaStreamSynchronize(shard->stream()) != cudaSuccess) {
       st = absl::InternalError("sync");
