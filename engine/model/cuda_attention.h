@@ -46,6 +46,13 @@ class CudaTensorParallel {
   // Internal naming the collective's error.
   virtual absl::Status AllReduceSum(float* data, int64_t count, cudaStream_t stream) = 0;
   virtual absl::Status AllReduceSum(double* data, int64_t count, cudaStream_t stream) = 0;
+  // Returns once every rank's thread has called it (as often): call it before launching a CUDA
+  // graph that holds collectives. AllReduceSum does the same itself outside graph capture.
+  // With several GPUs in one process, a CUDA memory operation (an allocation, a module load)
+  // on one GPU may wait for every peer GPU to go idle; a peer spinning in a collective that
+  // waits for this rank's launch never does. Launching no collective before every rank has
+  // reached it rules that deadlock out. FailedPrecondition once the group was aborted.
+  virtual absl::Status WaitForRanks() { return absl::OkStatus(); }
 };
 
 // The kernels' name for a cache element type (kernels/cuda/kv_cache_type.h).

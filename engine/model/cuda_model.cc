@@ -225,6 +225,8 @@ absl::Status CudaModel::RunSegment(int64_t segment, int64_t m, int64_t logits_ro
     if (made != cudaSuccess) exec = nullptr;
     RETURN_IF_ERROR(CudaStatus(made, "graph instantiate"));
   }
+  // Segments after the first end in all-reduces: no rank launches them before all are here.
+  if (segment > 0 && IsSharded(options_.tp)) RETURN_IF_ERROR(options_.tp->WaitForRanks());
   return CudaStatus(cudaGraphLaunch(exec, d.stream), "graph launch");
 }
 

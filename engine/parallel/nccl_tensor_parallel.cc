@@ -20,6 +20,51 @@ absl::Status NcclStatus(ncclResult_t r, const char* what) {
 
 }  // namespace
 
+// Every rank's thread waits in Wait until all have arrived; Abort releases the waiters (and
+// fails every later Wait).
+class RankBarrier {
+ public:
+  explicit RankBarrier(int parties) : parties_(parties) {}
+
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return Aborted();
+    if (++arrived_ == parties_) {
+      arrived_ = 0;
+      ++generation_;
+      return absl::OkStatus();
+    }
+    const int64_t mine = generation_;
+    struct Done {
+      RankBarrier* self;
+      int64_t mine;
+    } done{this, mine};
+    mu_.Await(absl::Condition(
+        +[](Done* d) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return d->self->aborted_ || d->self->generation_ != d->mine;
+        },
+        &done));
+    return generation_ != mine ? absl::OkStatus() : Aborted();
+  }
+
+  void Abort() {
+    absl::MutexLock lock(&mu_);
+    aborted_ = true;
+  }
+
+ private:
+  static absl::Status Aborted() {
+    return absl::FailedPreconditionError(
+        "tensor-parallel group aborted after an error: a rank left the step");
+  }
+
+  absl::Mutex mu_;
+  const int parties_;
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 bool NcclTensorParallel::Tracing() {
   static const bool trace = [] {
     const char* v = std::getenv("TS_TP_TRACE");
@@ -45,8 +90,10 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclTensorParallel>>> NcclTensorParal
       NcclStatus(ncclCommInitAll(comms.data(), n, devices.data()), "ncclCommInitAll");
   if (!made.ok()) return made;
   std::vector<std::unique_ptr<NcclTensorParallel>> group;
+  auto barrier = std::make_shared<RankBarrier>(n);
   for (int r = 0; r < n; ++r) {
-    group.push_back(std::unique_ptr<NcclTensorParallel>(new NcclTensorParallel(comms[r], r, n)));
+    group.push_back(
+        std::unique_ptr<NcclTensorParallel>(new NcclTensorParallel(comms[r], r, n, barrier)));
   }
   return group;
 }
@@ -56,7 +103,10 @@ NcclTensorParallel::~NcclTensorParallel() {
   if (comm_ != nullptr && !aborted_) ncclCommDestroy(comm_);
 }
 
+absl::Status NcclTensorParallel::WaitForRanks() { return barrier_->Wait(); }
+
 void NcclTensorParallel::Abort() {
+  barrier_->Abort();  // first: a rank waiting in the barrier holds no lock of this rank
   absl::MutexLock lock(&mu_);
   if (aborted_ || comm_ == nullptr) return;
   int device = -1;
@@ -71,6 +121,17 @@ absl::Status NcclTensorParallel::AllReduce(void* data, int64_t count, int type,
                                            cudaStream_t stream) {
   if (count < 0) return absl::InvalidArgumentError("AllReduceSum: negative count");
   if (count == 0) return absl::OkStatus();
+  // Outside graph capture the collective is launched now: only once every rank got here
+  // (CudaTensorParallel::WaitForRanks). A captured one is launched with its graph, after the
+  // caller's WaitForRanks.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    return absl::InternalError("ncclAllReduce: cudaStreamIsCapturing failed");
+  }
+  if (capture == cudaStreamCaptureStatusNone) {
+    const absl::Status all_here = barrier_->Wait();
+    if (!all_here.ok()) return all_here;
+  }
   absl::MutexLock lock(&mu_);
   if (Tracing()) {
     std::fprintf(stderr, "[tp] rank %d all-reduce #%lld: %lld values\n", rank_,

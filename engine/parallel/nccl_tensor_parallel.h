@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,6 +25,8 @@
 struct ncclComm;  // nccl.h's ncclComm_t is a ncclComm*; the header stays free of nccl.h
 
 namespace tokenselect::engine {
+
+class RankBarrier;  // the group's host barrier (nccl_tensor_parallel.cc)
 
 class NcclTensorParallel : public CudaTensorParallel {
  public:
@@ -40,9 +43,12 @@ class NcclTensorParallel : public CudaTensorParallel {
   int size() const override { return size_; }
   absl::Status AllReduceSum(float* data, int64_t count, cudaStream_t stream) override;
   absl::Status AllReduceSum(double* data, int64_t count, cudaStream_t stream) override;
+  // A host barrier over the group's ranks (CudaTensorParallel::WaitForRanks).
+  absl::Status WaitForRanks() override;
 
   // ncclCommAbort: the rank's unfinished collectives end (their kernels stop waiting for the
-  // other ranks) and every later call fails with FailedPrecondition. For a group in which one
+  // other ranks), the group's barrier releases its waiters, and every later call fails with
+  // FailedPrecondition. For a group in which one
   // rank failed in the middle of a step while the others wait for it in a collective; callable
   // from any thread, also while the rank's own thread enqueues (a mutex orders the two).
   void Abort();
@@ -52,8 +58,8 @@ class NcclTensorParallel : public CudaTensorParallel {
   static bool Tracing();
 
  private:
-  NcclTensorParallel(::ncclComm* comm, int rank, int size)
-      : comm_(comm), rank_(rank), size_(size) {}
+  NcclTensorParallel(::ncclComm* comm, int rank, int size, std::shared_ptr<RankBarrier> barrier)
+      : comm_(comm), rank_(rank), size_(size), barrier_(std::move(barrier)) {}
   absl::Status AllReduce(void* data, int64_t count, int type, cudaStream_t stream);
 
   absl::Mutex mu_;
@@ -62,6 +68,7 @@ class NcclTensorParallel : public CudaTensorParallel {
   int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
   const int rank_;
   const int size_;
+  const std::shared_ptr<RankBarrier> barrier_;  // shared by the group's ranks
 };
 
 }  // namespace tokenselect::engine

@@ -15,6 +15,10 @@ NcclTensorParallel::~NcclTensorParallel() = default;
 
 void NcclTensorParallel::Abort() {}
 
+absl::Status NcclTensorParallel::WaitForRanks() {
+  return absl::FailedPreconditionError("this build has no NCCL");
+}
+
 bool NcclTensorParallel::Tracing() { return false; }
 
 absl::Status NcclTensorParallel::AllReduce(void*, int64_t, int, cudaStream_t) {

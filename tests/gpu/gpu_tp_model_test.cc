@@ -616,16 +616,14 @@ TEST(TpShapesTest, NonDividingSizesAreInvalidArguments) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// A rank that fails in the middle of a call, while the other waits for it in an all-reduce,
-// does not hang the process: after the grace period the communicators are aborted, the call
-// returns the failed rank's error and the model refuses later calls. Errors every rank hits
-// alike (bad arguments) leave the model usable.
-//
-// DISABLED: on 2 x H200 (2026-11-21) this test hangs in its second Forward (the first real
-// step after the refused bad-token call): one rank issues the step's first all-reduce and the
-// other never does, with and without the per-layer host wait, so the abort path below it never
-// ran. Cause not found yet (docs/parallel.md, "Status").
-TEST(TpFailureTest, DISABLED_OneRankFailingMidStepAbortsTheGroupInsteadOfHanging) {
+// A rank that fails in the middle of a call, while the other waits for it (in the launch
+// barrier before an all-reduce), does not hang the process: after the grace period the group is
+// aborted, the call returns the failed rank's error and the model refuses later calls. Errors
+// every rank hits alike (bad arguments) leave the model usable. This test's model is made with
+// CreateDummy and runs no one-GPU model first, so its first step is each GPU's first use of
+// its GEMM kernels: without the launch barrier it hung there (one GPU spinning in an all-reduce,
+// the other rank's thread blocked in a CUDA call that waits for that GPU).
+TEST(TpFailureTest, OneRankFailingMidStepAbortsTheGroupInsteadOfHanging) {
   if (DeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs";
   PresetOptions preset;
   auto config = PresetConfig("llama-gqa", preset);
