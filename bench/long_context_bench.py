@@ -12,7 +12,8 @@ takes many minutes: the bench writes the context with a streaming prefill and ti
 bandwidth floor of a decode step per GPU = (weight bytes + the KV bytes the policy must read)
 / measured copy bandwidth (torch, device to device, bytes read + written per second).
 
-  long_context_bench.py --bin DIR --work DIR [--tokens 1048576] [--new 32] [--gpus 4]
+  long_context_bench.py --bin DIR --work DIR [--tokens 1048576] [--new 32] [--chunk 512]
+                        [--jobs tp2-bf16,tp1-fp8] [--phases generate,bench] [--timeout S]
 """
 import argparse
 import os
@@ -43,6 +44,7 @@ def copy_bandwidth():
         import torch
         x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
         y = torch.empty_like(x)
+        x_bytes = x.numel()
         for _ in range(3):
             y.copy_(x)
         torch.cuda.synchronize()
@@ -53,7 +55,9 @@ def copy_bandwidth():
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
         times.sort()
-        return 2 * x.numel() / times[len(times) // 2]
+        del x, y
+        torch.cuda.empty_cache()  # GPU 0 runs a job next
+        return 2 * x_bytes / times[len(times) // 2]
     except Exception as e:  # torch missing: no floor column
         print("copy bandwidth not measured: %s" % e, flush=True)
         return None
@@ -78,6 +82,31 @@ def start(name, gpus, cmd, log):
     return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
+def command(a, phase, tp, dtype):
+    if phase == "generate":
+        return [os.path.join(a.bin, "tokenselect"), "generate", "--model",
+                os.path.join(a.work, "m8b"), "--load_format", "dummy", "--device", "cuda", "--tp",
+                str(tp), "--kv_dtype", dtype, "--max_context", str(a.tokens + a.new + 64),
+                "--prompt_ids_file", os.path.join(a.work, "prompt.ids"), "--max_new_tokens",
+                str(a.new), "--ignore_eos", "--chunk_size", str(a.chunk)]
+    return [os.path.join(a.bin, "bench_tp_cuda"), "--tp", str(tp), "--kv_dtype", dtype,
+            "--contexts", str(a.tokens), "--policies", "dense,tokenselect", "--decode",
+            str(a.bench_decode), "--chunks", "2"]
+
+
+def parse(phase, text, tokens, r):
+    if phase == "generate":
+        m = re.search(r"prefill ([0-9.]+) s", text)
+        d = re.search(r"decode ([0-9.]+) ms/token", text)
+        r["ttft"] = float(m.group(1)) if m else None
+        r["decode"] = float(d.group(1)) if d else None
+        return
+    for pol in ("dense", "tokenselect"):
+        m = re.search(r"\| \d+ \| %d \| %s \| ([0-9.]+) \| ([0-9.]+) \|" % (tokens, pol), text)
+        if m:
+            r["bench_" + pol] = (float(m.group(1)), float(m.group(2)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -89,20 +118,21 @@ def main():
     ap.add_argument("--bench_decode", type=int, default=16)
     ap.add_argument("--phases", default="generate,bench",
                     help="generate (end to end, TokenSelect) and/or bench (bench_tp_cuda)")
+    ap.add_argument("--one_gpu", default="2", help="the GPU of the one-GPU jobs (tp1-fp8)")
+    ap.add_argument("--timeout", type=float, default=0,
+                    help="seconds a job may run before it is killed (0: no limit)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    cli = os.path.join(a.bin, "tokenselect")
-    model = os.path.join(a.work, "m8b")
-    make_model(cli, model)
+    os.makedirs(a.out, exist_ok=True)
+    make_model(os.path.join(a.bin, "tokenselect"), os.path.join(a.work, "m8b"))
     rng = random.Random(5)
-    ids = os.path.join(a.work, "prompt.ids")
-    with open(ids, "w") as f:
+    with open(os.path.join(a.work, "prompt.ids"), "w") as f:
         f.write(",".join(str(rng.randrange(5, 120000)) for _ in range(a.tokens)))
     bw = copy_bandwidth()
     jobs = {  # name: (GPUs, tp, kv dtype)
         "tp2-bf16": ("0,1", 2, "bf16"),
-        "tp1-fp8": ("2", 1, "fp8"),
+        "tp1-fp8": (a.one_gpu, 1, "fp8"),
         "tp4-bf16": ("0,1,2,3", 4, "bf16"),
         "tp2-fp8": ("0,1", 2, "fp8"),
     }
@@ -110,40 +140,31 @@ def main():
     # Phase 1: end to end, TokenSelect. Phase 2: bench_tp_cuda dense + TokenSelect.
     results = {}
     for phase in [p for p in ("generate", "bench") if p in a.phases.split(",")]:
-        procs = []
-        used = set()
-        for name in wanted:
-            gpus, tp, dtype = jobs[name]
-            if used & set(gpus.split(",")):
-                continue  # overlapping GPUs: the next round
-            log = os.path.join(a.out, "%s_%s.log" % (phase, name))
-            if phase == "generate":
-                cmd = [cli, "generate", "--model", model, "--load_format", "dummy", "--device",
-                       "cuda", "--tp", str(tp), "--kv_dtype", dtype, "--max_context",
-                       str(a.tokens + a.new + 64), "--prompt_ids_file", ids, "--max_new_tokens",
-                       str(a.new), "--ignore_eos", "--chunk_size", str(a.chunk)]
-            else:
-                cmd = [os.path.join(a.bin, "bench_tp_cuda"), "--tp", str(tp), "--kv_dtype", dtype,
-                       "--contexts", str(a.tokens), "--policies", "dense,tokenselect", "--decode",
-                       str(a.bench_decode), "--chunks", "2"]
-            procs.append((name, log, start(name, gpus, cmd, log)))
-            used |= set(gpus.split(","))
-        for name, log, p in procs:
-            p.wait()
-            text = open(log).read()
-            print("[%s %s] rc=%d\n%s" % (phase, name, p.returncode, text[-1500:]), flush=True)
-            r = results.setdefault(name, {})
-            if phase == "generate":
-                m = re.search(r"prefill ([0-9.]+) s", text)
-                d = re.search(r"decode ([0-9.]+) ms/token", text)
-                r["ttft"] = float(m.group(1)) if m else None
-                r["decode"] = float(d.group(1)) if d else None
-            else:
-                for pol in ("dense", "tokenselect"):
-                    m = re.search(r"\| \d+ \| %d \| %s \| ([0-9.]+) \| ([0-9.]+) \|" %
-                                  (a.tokens, pol), text)
-                    if m:
-                        r["bench_" + pol] = (float(m.group(1)), float(m.group(2)))
+        pending = list(wanted)
+        while pending:  # rounds: the jobs of one round use disjoint GPUs and run together
+            procs = []
+            used = set()
+            for name in list(pending):
+                gpus, tp, dtype = jobs[name]
+                if used & set(gpus.split(",")):
+                    continue  # overlapping GPUs: the next round
+                pending.remove(name)
+                log = os.path.join(a.out, "%s_%s.log" % (phase, name))
+                procs.append((name, log, start(name, gpus, command(a, phase, tp, dtype), log)))
+                used |= set(gpus.split(","))
+            began = time.time()
+            for name, log, p in procs:
+                left = None if a.timeout <= 0 else max(1, a.timeout - (time.time() - began))
+                try:
+                    p.wait(timeout=left)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                    print("[%s %s] killed after %.0f s (--timeout)" % (phase, name, a.timeout),
+                          flush=True)
+                text = open(log).read()
+                print("[%s %s] rc=%d\n%s" % (phase, name, p.returncode, text[-1500:]), flush=True)
+                parse(phase, text, a.tokens, results.setdefault(name, {}))
     print("\n| run | GPUs | KV | TTFT (s), tokenselect | decode ms/token, tokenselect (engine) | "
           "decode ms/token tokenselect / dense (bench) | chunk-512 ms tokenselect / dense | "
           "floor ms tokenselect / dense |")
