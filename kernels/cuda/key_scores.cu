@@ -49,6 +49,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cstdint>
 #include <type_traits>
@@ -371,8 +372,11 @@ cudaError_t LaunchScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
   const int threads = kv_warps * rows * 32;
   const size_t smem = static_cast<size_t>(threads) * (NV / L) * sizeof(float2);
 
-  static int blocks_per_sm = 0;  // per instantiation; the same on every launch
-  static int num_sms = 0;
+  // Per instantiation, the same on every launch; the rank threads of tensor parallelism launch
+  // concurrently, hence atomics (num_sms is published before blocks_per_sm).
+  static std::atomic<int> cached_sms{0}, cached_blocks{0};
+  int blocks_per_sm = cached_blocks.load(std::memory_order_acquire);
+  int num_sms = cached_sms.load(std::memory_order_relaxed);
   if (blocks_per_sm == 0) {
     int device = 0;
     TS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
@@ -381,6 +385,8 @@ cudaError_t LaunchScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
     TS_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &blocks_per_sm, ScoreKeysKernel<D, G, kFp8>, threads, smem));
     blocks_per_sm = std::max(blocks_per_sm, 1);
+    cached_sms.store(num_sms, std::memory_order_relaxed);
+    cached_blocks.store(blocks_per_sm, std::memory_order_release);
   }
   const int64_t step = static_cast<int64_t>(rows) * T;
   int64_t blocks = std::min<int64_t>(kMaxScoreBlocks, static_cast<int64_t>(num_sms) * blocks_per_sm);

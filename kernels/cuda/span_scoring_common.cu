@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -60,13 +61,15 @@ __global__ void SelectAllKernel(int32_t* out, int32_t* count, int64_t n) {
 }  // namespace
 
 int NumSms() {
-  static int num_sms = 0;
+  static std::atomic<int> cached{0};  // rank threads call this concurrently
+  int num_sms = cached.load(std::memory_order_relaxed);
   if (num_sms == 0) {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
       num_sms = 132;
     }
+    cached.store(num_sms, std::memory_order_relaxed);
   }
   return num_sms;
 }
