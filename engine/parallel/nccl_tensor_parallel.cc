@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/parallel/rank_barrier.h"
 
 namespace tokenselect::engine {
 namespace {
@@ -19,51 +20,6 @@ absl::Status NcclStatus(ncclResult_t r, const char* what) {
 }
 
 }  // namespace
-
-// Every rank's thread waits in Wait until all have arrived; Abort releases the waiters (and
-// fails every later Wait).
-class RankBarrier {
- public:
-  explicit RankBarrier(int parties) : parties_(parties) {}
-
-  absl::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    if (aborted_) return Aborted();
-    if (++arrived_ == parties_) {
-      arrived_ = 0;
-      ++generation_;
-      return absl::OkStatus();
-    }
-    const int64_t mine = generation_;
-    struct Done {
-      RankBarrier* self;
-      int64_t mine;
-    } done{this, mine};
-    mu_.Await(absl::Condition(
-        +[](Done* d) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return d->self->aborted_ || d->self->generation_ != d->mine;
-        },
-        &done));
-    return generation_ != mine ? absl::OkStatus() : Aborted();
-  }
-
-  void Abort() {
-    absl::MutexLock lock(&mu_);
-    aborted_ = true;
-  }
-
- private:
-  static absl::Status Aborted() {
-    return absl::FailedPreconditionError(
-        "tensor-parallel group aborted after an error: a rank left the step");
-  }
-
-  absl::Mutex mu_;
-  const int parties_;
-  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
-};
 
 bool NcclTensorParallel::Tracing() {
   static const bool trace = [] {

@@ -26,7 +26,7 @@ struct ncclComm;  // nccl.h's ncclComm_t is a ncclComm*; the header stays free o
 
 namespace tokenselect::engine {
 
-class RankBarrier;  // the group's host barrier (nccl_tensor_parallel.cc)
+class RankBarrier;  // the group's host barrier (rank_barrier.h)
 
 class NcclTensorParallel : public CudaTensorParallel {
  public:
