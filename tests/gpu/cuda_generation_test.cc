@@ -169,12 +169,8 @@ TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
       if (got->token_ids == want->token_ids) {
         ++same;
       } else {
-        size_t first = 0;
-        while (first < got->token_ids.size() && got->token_ids[first] == want->token_ids[first]) {
-          ++first;
-        }
         std::printf("  prompt %d (%zu tokens): first difference at generated token %zu\n", i,
-                    prompt.size(), first);
+                    prompt.size(), gpu_test::FirstDifference(got->token_ids, want->token_ids));
       }
       EXPECT_EQ(got->stats.generated_tokens, 32);
       hits += got->stats.cache.hits;

@@ -1,8 +1,11 @@
 // Helpers shared by the GPU tests of the engine (generation, tensor parallelism): deterministic
-// prompts and a small selection budget that makes the generated presets select.
+// prompts, a small selection budget that makes the generated presets select, and where two
+// continuations part.
 #ifndef TOKENSELECT_TESTS_GPU_GPU_ENGINE_TEST_UTIL_H_
 #define TOKENSELECT_TESTS_GPU_GPU_ENGINE_TEST_UTIL_H_
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -19,6 +22,14 @@ inline std::vector<int32_t> Prompt(int64_t n, int64_t salt, int64_t vocab) {
         static_cast<int32_t>(3 + (i * 7919 + salt * 104729) % (vocab - 3));
   }
   return ids;
+}
+
+// Index of the first token where two continuations differ (the shorter one's length when one is
+// a prefix of the other).
+inline size_t FirstDifference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  return static_cast<size_t>(std::mismatch(a.begin(), a.begin() + n, b.begin()).first -
+                             a.begin());
 }
 
 // A budget small enough that prompts of a few hundred tokens already select (8 sinks, 64 picks,

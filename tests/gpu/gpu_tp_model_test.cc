@@ -365,11 +365,7 @@ TEST_P(TpModelTest, GreedyContinuationsMatchOneGpuAndRanksSelectAlike) {
       if (got.tokens == want.tokens) {
         ++same;
       } else {
-        size_t first = 0;
-        while (first < got.tokens.size() && first < want.tokens.size() &&
-               got.tokens[first] == want.tokens[first]) {
-          ++first;
-        }
+        const size_t first = gpu_test::FirstDifference(got.tokens, want.tokens);
         std::string line = absl::StrFormat("prompt %d (%zu tokens): first difference at token %zu",
                                            i, prompt.size(), first);
         if (first < got.logits.size() && first < want.logits.size()) {
