@@ -84,13 +84,13 @@ def busy_ns(step):
 def split_steps(ops):
     steps, cur = [], []
     for op in ops:
-        if op[2] == "EmbeddingKernel" and cur:
+        if op[2].startswith("Embedding") and cur:
             steps.append(cur)
             cur = []
         cur.append(op)
     if cur:
         steps.append(cur)
-    return [s for s in steps if s[0][2] == "EmbeddingKernel"]
+    return [s for s in steps if s[0][2].startswith("Embedding")]
 
 
 def classify(step):

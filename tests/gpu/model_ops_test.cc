@@ -188,7 +188,8 @@ TEST_P(ModelOpsGpuTest, KvAppendWritesOnlyTheNewSlots) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, ModelOpsGpuTest, ::testing::Values(1, 7, 128, 896, 1027, 4096));
+INSTANTIATE_TEST_SUITE_P(Sizes, ModelOpsGpuTest,
+                         ::testing::Values(1, 7, 128, 896, 1027, 4096, 8192, 14336));
 
 }  // namespace
 }  // namespace tokenselect::kernels::cuda
