@@ -32,6 +32,12 @@
 // extra registers fit under 128 (2 blocks of 256 threads per SM still): 0.585 ms at 1M, 3.67 TB/s
 // of keys (80% of a measured 4.57 TB/s pure read). bench_read_pattern_cuda shows the access
 // pattern itself reaches ~4.2 TB/s with enough loads in flight per SM.
+// Also tried (sixth session, H200): the keys staged in shared memory by the bulk-copy engine
+// (cp.async.bulk on an mbarrier, whole 2 KiB rows or whole 16-token pages per copy, 3 stages of
+// 32 KiB, 2 blocks per SM, a __syncthreads per tile, the same lane arithmetic reading the tile):
+// logits bit for bit the same, but 0.597-0.648 ms at 1M against 0.568-0.574 ms for this kernel in
+// the same runs (FP8 keys 0.536 vs 0.484 ms; TP=2 decode 308 vs 288 us per layer), so it was not
+// kept. More bytes in flight did not help once the per-tile block barrier was added.
 
 // FP8 keys (kFp8): each lane loads 8 B (its 8 dims as e4m3) instead of 16 and converts them
 // (e4m3 -> half -> float) before the same arithmetic: the same coalescing (a warp reads 32 x 8
