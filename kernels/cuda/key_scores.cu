@@ -86,21 +86,12 @@ ScoreWorkspace CarveScoreWorkspace(void* ws) {
   return w;
 }
 
-__device__ __forceinline__ void UnpackBf16x8(const uint4& raw, float* out) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
 // 8 FP8 keys (one lane's dims) as fp32, times their kv head's scale.
 __device__ __forceinline__ void UnpackKeys8(const uint2& raw, float scale, float* out) {
   kv_internal::Fp8x8ToFloat(raw, scale, out);
 }
 __device__ __forceinline__ void UnpackKeys8(const uint4& raw, float, float* out) {
-  UnpackBf16x8(raw, out);
+  kv_internal::Bf16x8ToFloat(raw, out);
 }
 
 // mask ? a : b, bitwise.

@@ -1,4 +1,5 @@
-// Device-side conversions of the FP8 KV cache (kv_cache_type.h). Included by .cu files only.
+// Device-side conversions of the KV cache's elements (kv_cache_type.h). Included by .cu files only.
+//   Bf16x8ToFloat                8 bf16 (one 16-byte load, element 0 in the lowest half) as fp32
 //   Fp8x4ToFloat / Fp8x8ToFloat  e4m3 bytes (element 0 in the lowest byte) -> float(x) * scale,
 //                                through the hardware e4m3 -> half conversion (exact)
 //   Fp8x8ToBf16x8                the same, packed as 8 bf16 (exact: a power-of-two multiple of
@@ -16,6 +17,15 @@
 #include <cstdint>
 
 namespace tokenselect::kernels::cuda::kv_internal {
+
+__device__ __forceinline__ void Bf16x8ToFloat(const uint4& raw, float* out) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(w[i] << 16);
+    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
 
 __device__ __forceinline__ float2 Fp8x2ToFloat2(uint32_t two) {
   const __half2_raw h =

@@ -47,16 +47,6 @@ __global__ void EmbeddingKernel(EmbeddingParams p) {
   for (int64_t j = threadIdx.x; j < p.dim; j += blockDim.x) out[j] = __bfloat162float(row[j]);
 }
 
-// 8 bf16 (one 16-byte load) as fp32.
-__device__ __forceinline__ void Bf16x8ToFloat(const uint4& raw, float* out) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
 // dim % 8 == 0, table and out 16-byte aligned: every load of a thread issued before any store.
 __global__ void EmbeddingVecKernel(EmbeddingParams p) {
   constexpr int kUnroll = 4;
@@ -84,7 +74,7 @@ __global__ void EmbeddingVecKernel(EmbeddingParams p) {
       const int64_t j = j0 + u * blockDim.x;
       if (j < n8) {
         float f[8];
-        Bf16x8ToFloat(raw[u], f);
+        kv_internal::Bf16x8ToFloat(raw[u], f);
         out[2 * j] = make_float4(f[0], f[1], f[2], f[3]);
         out[2 * j + 1] = make_float4(f[4], f[5], f[6], f[7]);
       }
@@ -220,8 +210,8 @@ __global__ void SwiGluVecKernel(SwiGluParams p) {
     const uint4 graw = __ldg(reinterpret_cast<const uint4*>(p.gate + r * p.in_stride) + c);
     const uint4 uraw = __ldg(reinterpret_cast<const uint4*>(p.up + r * p.in_stride) + c);
     float g[8], u[8], y[8];
-    Bf16x8ToFloat(graw, g);
-    Bf16x8ToFloat(uraw, u);
+    kv_internal::Bf16x8ToFloat(graw, g);
+    kv_internal::Bf16x8ToFloat(uraw, u);
 #pragma unroll
     for (int e = 0; e < 8; ++e) y[e] = (g[e] / (1.0f + expf(-g[e]))) * u[e];
     const uint2 lo = PackBf16x4(y[0], y[1], y[2], y[3]);

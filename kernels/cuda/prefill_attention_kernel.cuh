@@ -84,15 +84,6 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-__device__ __forceinline__ void Unpack8(const uint4& raw, float* out) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
 __device__ __forceinline__ uint4 Pack8(const float* x) {
   uint4 r;
   r.x = PackBf16(x[0], x[1]);
@@ -286,8 +277,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         const __nv_bfloat16* src =
             p.q + static_cast<int64_t>(i) * p.q_row_stride + (kv * G + r % G) * D + hc * 8;
         if (vec) {
-          Unpack8(*reinterpret_cast<const uint4*>(src), x);
-          Unpack8(*reinterpret_cast<const uint4*>(src + D / 2), y);
+          kv_internal::Bf16x8ToFloat(*reinterpret_cast<const uint4*>(src), x);
+          kv_internal::Bf16x8ToFloat(*reinterpret_cast<const uint4*>(src + D / 2), y);
         } else {
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
@@ -359,8 +350,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       uint4* lo = reinterpret_cast<uint4*>(kt + Swz<D>(key, hc));
       uint4* hi = reinterpret_cast<uint4*>(kt + Swz<D>(key, hc + kHalfChunks));
       float x[8], y[8];
-      Unpack8(*lo, x);
-      Unpack8(*hi, y);
+      kv_internal::Bf16x8ToFloat(*lo, x);
+      kv_internal::Bf16x8ToFloat(*hi, y);
       Rotate8(x, y, static_cast<float>(sPos[buf * kBN + key]), freq, 1.0f);
       *lo = Pack8(x);
       *hi = Pack8(y);

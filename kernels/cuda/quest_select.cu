@@ -47,7 +47,7 @@ using span_internal::MinOp;
 using span_internal::NumSms;
 using span_internal::NumUnits;
 using span_internal::OrderedKey;
-using span_internal::UnpackBf16x8;
+using kv_internal::Bf16x8ToFloat;
 using span_internal::ValidProblem;
 using span_internal::WarpSum;
 
@@ -116,8 +116,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 4
     for (int c = lane; c < row_vecs; c += 32) {
       float lo[8], hi[8];
-      UnpackBf16x8(__ldg(lo_row + c), lo);
-      UnpackBf16x8(__ldg(hi_row + c), hi);
+      Bf16x8ToFloat(__ldg(lo_row + c), lo);
+      Bf16x8ToFloat(__ldg(hi_row + c), hi);
       const int kv = c / L;
       const int sub = c % L;
       for (int gi = 0; gi < group; ++gi) {

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/kv_cache_load.cuh"
 #include "kernels/cuda/span_scoring.h"
 
 namespace tokenselect::kernels::cuda::span_internal {
@@ -100,15 +101,6 @@ __device__ __forceinline__ uint32_t OrderedKey(float f) {
   uint32_t u = __float_as_uint(f);
   if (f == 0.0f) u = 0u;
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ void UnpackBf16x8(const uint4& raw, float* out) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
 }
 
 __device__ __forceinline__ float WarpSum(float v) {
@@ -220,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) GroupScoreKernel(GroupScoreArgs a) {
           for (int pp = 0; pp < kPassChunk; ++pp) {
             if (c0 + pp < passes) {  // warp-uniform
               float k8[8];
-              UnpackBf16x8(raw[pp], k8);
+              kv_internal::Bf16x8ToFloat(raw[pp], k8);
               const int kv = min((c0 + pp) * KPW + kv_in_pass, a.num_kv_heads - 1);
 #pragma unroll
               for (int gi = 0; gi < G; ++gi) {
