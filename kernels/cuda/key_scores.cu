@@ -1,5 +1,11 @@
 // Selection scoring and soft vote (selection.h: ScoreKeys, VoteFromLogits).
 //
+// Since the seventh session ScoreKeys runs key_scores_mma.cu's tensor-core kernel for head_dim
+// 128 and a query-head group of 4 (Llama-3-8B at TP = 1, 2, 4); the lane kernel below serves
+// every other shape. In the same runs (H200, 1M keys, scrambled pages) the tensor-core kernel took
+// 0.572 ms for bf16 keys against 0.655 ms here (equal at 512K: 0.299 / 0.298 ms) and 0.330 ms
+// for FP8 keys against 0.484 ms here.
+//
 // Napkin math (Llama-3-8B: H = 32, H_kv = 8, d = 128, bf16 keys): a token's key row is
 // H_kv * d * 2 = 2048 B; its logits are H * 4 = 128 B. Choices for the soft vote, per token:
 //   (a) write logits in pass 1, re-read them in pass 2:  2048 + 128 + 128 + 4 = 2308 B (89% keys)
@@ -10,10 +16,10 @@
 // sum-exp) pair per (block, head); the last block to finish combines those into head_max and
 // head_inv_sum. Work mapping: a kv head's d-vector is read by L = d / 8 lanes, 16 bytes each; a
 // warp covers 32 / L kv heads ("column"), kv_warps columns cover a token's whole row, and `rows`
-// such groups of warps walk the block's token range, T = 32 / g tokens per step (16 / g for
-// g < 4). The lane keeps the g query heads of its kv head (8 dims each) in registers, so q is
+// such groups of warps walk the block's token range, T = 32 / g tokens per step for g = 4, 16 / g
+// otherwise (StepValues). The lane keeps the g query heads of its kv head (8 dims each) in registers, so q is
 // never re-read; each key is used for all g heads. The g * T partial dot products of a step are
-// reduced across the L lanes by a reduce-scatter (each lane keeps 32 / L of the sums): ~30
+// reduced across the L lanes by a reduce-scatter (each lane keeps g T / L of the sums): ~30
 // shuffles per step instead of g * T * log2(L). Each lane then owns fixed (token, head) slots and
 // keeps an online max/sum for them; the block combines those in shared memory. All loads of a
 // step are unconditional (clamped indices) and the next step's slot ids are prefetched.
@@ -61,30 +67,28 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/key_scores_internal.cuh"
 #include "kernels/cuda/kv_cache_load.cuh"
 #include "kernels/cuda/selection.h"
 
 namespace tokenselect::kernels::cuda {
 namespace {
 
-constexpr int kMaxScoreBlocks = 1024;
+using score_internal::CarveScoreWorkspace;
+using score_internal::CombineStats;
+using score_internal::FinishScoreStats;
+using score_internal::kMaxScoreBlocks;
+using score_internal::PlanScoreGrid;
+using score_internal::ResidentBlocks;
+using score_internal::ScoreGrid;
+using score_internal::ScoreWorkspace;
+
 constexpr int kMaxScoreThreads = 512;
-// (token, head) partial sums per lane group per step: 32 (16 for small groups, so that a step's
-// key loads stay at 16 x 16 B per lane).
+// (token, head) partial sums per lane group per step: 32 for groups of 4, else 16 (key
+// loads of a step stay at 16 x 16 B per lane for small groups; for groups of 8 the 64 query
+// registers leave no room for 32 sums on sm_80 once the end is a device value).
 template <int G>
-__host__ __device__ constexpr int StepValues() { return G >= 4 ? 32 : 16; }
-
-struct ScoreWorkspace {
-  unsigned int* counter;
-  float2* partial;  // [kMaxScoreBlocks, num_heads]: (max, sum-exp)
-};
-
-ScoreWorkspace CarveScoreWorkspace(void* ws) {
-  ScoreWorkspace w;
-  w.counter = static_cast<unsigned int*>(ws);
-  w.partial = reinterpret_cast<float2*>(static_cast<char*>(ws) + 256);
-  return w;
-}
+__host__ __device__ constexpr int StepValues() { return G == 4 ? 32 : 16; }
 
 // 8 FP8 keys (one lane's dims) as fp32, times their kv head's scale.
 __device__ __forceinline__ void UnpackKeys8(const uint2& raw, float scale, float* out) {
@@ -121,13 +125,6 @@ struct ReduceScatter<0, kHalf> {
   static __device__ __forceinline__ void Run(float*, int) {}
 };
 
-// (m, l) online softmax states: l is the sum of exp(s - m).
-__device__ __forceinline__ float2 CombineStats(float2 a, float2 b) {
-  const float m = fmaxf(a.x, b.x);
-  if (m == -INFINITY) return make_float2(-INFINITY, 0.0f);
-  return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
-}
-
 template <int D, int G, bool kFp8>
 __global__ void __launch_bounds__(kMaxScoreThreads)
     ScoreKeysKernel(KeyScoreParams p, ScoreWorkspace ws, int kv_warps, int rows, int64_t chunk) {
@@ -148,6 +145,12 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
   const int kv = wk * KPW + lane / L;
   const bool kv_ok = kv < p.num_kv_heads;
   const int num_heads = static_cast<int>(p.num_heads);
+  // Token indices in 32 bits (n < 2^31, ScoreKeys checks): 64-bit ones cost the registers the
+  // pipelined instantiations lack once the end is no longer a kernel parameter (a device
+  // length). n is at least 1 (selection.h: the loads below clamp to token n - 1).
+  const int32_t n = static_cast<int32_t>(max(ResolveLength(p.device_n, p.n), int64_t{1}));
+  const int32_t begin = static_cast<int32_t>(blockIdx.x * chunk);
+  const int32_t end = static_cast<int32_t>(min(static_cast<int64_t>(n), begin + chunk));
 
   // FP8: the query times the kv head's key scale (exact), which the key loop leaves out.
   const float k_scale = kFp8 && kv_ok ? p.k_scale[kv] : 1.0f;
@@ -163,16 +166,14 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
 #pragma unroll
   for (int i = 0; i < VPL; ++i) stats[i] = make_float2(-INFINITY, 0.0f);
 
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
-  const int64_t end = min(p.n, begin + chunk);
   const Raw* keys = static_cast<const Raw*>(p.k_cache);
   const int64_t row_vecs = p.num_kv_heads * (D / 8);
   // Loads are unconditional (token and kv head clamped into range, results masked later) so that
   // the compiler issues a step's T key loads back to back; the next step's slot ids are fetched
   // before this step's arithmetic, so the slot -> key dependency costs no extra latency.
   const int kv_load = kv_ok ? kv : static_cast<int>(p.num_kv_heads) - 1;
-  const int64_t stride = static_cast<int64_t>(rows) * T;
-  int64_t base = begin + static_cast<int64_t>(row) * T;
+  const int32_t stride = rows * T;
+  int32_t base = begin + row * T;
   int32_t slot[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) slot[t] = __ldg(p.slots + min(base + t, end - 1));
@@ -225,10 +226,10 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
 #pragma unroll
     for (int i = 0; i < VPL; ++i) {
       const int idx = sub * VPL + i;
-      const int64_t tok = base + idx / G;
+      const int32_t tok = base + idx / G;
       if (kv_ok && tok < end) {
         const float s = v[i] * p.scale;
-        p.logits[tok * num_heads + kv * G + idx % G] = s;
+        p.logits[static_cast<int64_t>(tok) * num_heads + kv * G + idx % G] = s;
         // Branch-free online update (lanes disagree on "new max" often early on).
         const float m_new = fmaxf(stats[i].x, s);
         stats[i].y = stats[i].y * __expf(stats[i].x - m_new) + __expf(s - m_new);
@@ -255,32 +256,7 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
     ws.partial[blockIdx.x * num_heads + h] = acc;
   }
 
-  // The last block to finish combines every block's partials.
-  __shared__ bool is_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(ws.counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  for (int h = warp; h < num_heads; h += blockDim.x / 32) {
-    float2 acc = make_float2(-INFINITY, 0.0f);
-    for (int b = lane; b < static_cast<int>(gridDim.x); b += 32) {
-      acc = CombineStats(acc, __ldcg(&ws.partial[b * num_heads + h]));
-    }
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) {
-      float2 other;
-      other.x = __shfl_xor_sync(0xffffffffu, acc.x, off);
-      other.y = __shfl_xor_sync(0xffffffffu, acc.y, off);
-      acc = CombineStats(acc, other);
-    }
-    if (lane == 0) {
-      p.head_max[h] = acc.x;
-      p.head_inv_sum[h] = 1.0f / acc.y;
-    }
-  }
-  if (threadIdx.x == 0) *ws.counter = 0;  // ready for the next launch
+  FinishScoreStats(p, ws);
 }
 
 // kLanes lanes per token (kLanes * 4 = num_heads): a warp reads 32 / kLanes consecutive logit
@@ -291,6 +267,7 @@ template <int kLanes>
 __global__ void VoteKernel(VoteParams p) {
   extern __shared__ float sm_head[];  // [2 * num_heads]: max, inv_sum
   if (p.skip != nullptr && *p.skip != 0) return;
+  const int64_t n = ResolveLength(p.device_n, p.n);
   const int num_heads = static_cast<int>(p.num_heads);
   const bool soft = p.mode == VoteMode::kSoftVote;
   for (int h = threadIdx.x; h < num_heads; h += blockDim.x) {
@@ -311,11 +288,11 @@ __global__ void VoteKernel(VoteParams p) {
   }
   // kVoteUnroll rows per lane group per step, loads first (clamped, results masked).
   constexpr int64_t kStep = kTokensPerWarp * kVoteUnroll;
-  for (int64_t base = warp * kStep; base < p.n; base += warps * kStep) {
+  for (int64_t base = warp * kStep; base < n; base += warps * kStep) {
     float4 s[kVoteUnroll];
 #pragma unroll
     for (int u = 0; u < kVoteUnroll; ++u) {
-      const int64_t j = min(base + u * kTokensPerWarp + lane / kLanes, p.n - 1);
+      const int64_t j = min(base + u * kTokensPerWarp + lane / kLanes, n - 1);
       s[u] = __ldcs(reinterpret_cast<const float4*>(p.logits + j * num_heads) + sub);
     }
 #pragma unroll
@@ -327,7 +304,7 @@ __global__ void VoteKernel(VoteParams p) {
 #pragma unroll
       for (int off = 1; off < kLanes; off <<= 1) vote += __shfl_xor_sync(0xffffffffu, vote, off);
       const int64_t j = base + u * kTokensPerWarp + lane / kLanes;
-      if (sub == 0 && j < p.n) p.vote[j] = vote;
+      if (sub == 0 && j < n) p.vote[j] = vote;
     }
   }
 }
@@ -336,6 +313,7 @@ __global__ void VoteKernel(VoteParams p) {
 __global__ void VoteScalarKernel(VoteParams p) {
   extern __shared__ float sm_head[];
   if (p.skip != nullptr && *p.skip != 0) return;
+  const int64_t n = ResolveLength(p.device_n, p.n);
   const int num_heads = static_cast<int>(p.num_heads);
   const bool soft = p.mode == VoteMode::kSoftVote;
   if (soft) {
@@ -345,7 +323,7 @@ __global__ void VoteScalarKernel(VoteParams p) {
     }
   }
   __syncthreads();
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < p.n;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float* row = p.logits + j * num_heads;
     float vote = 0.0f;
@@ -369,30 +347,14 @@ cudaError_t LaunchScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
   const int threads = kv_warps * rows * 32;
   const size_t smem = static_cast<size_t>(threads) * (NV / L) * sizeof(float2);
 
-  // Per instantiation, the same on every launch; the rank threads of tensor parallelism launch
-  // concurrently, hence atomics (num_sms is published before blocks_per_sm).
-  static std::atomic<int> cached_sms{0}, cached_blocks{0};
-  int blocks_per_sm = cached_blocks.load(std::memory_order_acquire);
-  int num_sms = cached_sms.load(std::memory_order_relaxed);
-  if (blocks_per_sm == 0) {
-    int device = 0;
-    TS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-    TS_CUDA_RETURN_IF_ERROR(
-        cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-    TS_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks_per_sm, ScoreKeysKernel<D, G, kFp8>, threads, smem));
-    blocks_per_sm = std::max(blocks_per_sm, 1);
-    cached_sms.store(num_sms, std::memory_order_relaxed);
-    cached_blocks.store(blocks_per_sm, std::memory_order_release);
-  }
-  const int64_t step = static_cast<int64_t>(rows) * T;
-  int64_t blocks = std::min<int64_t>(kMaxScoreBlocks, static_cast<int64_t>(num_sms) * blocks_per_sm);
-  blocks = std::min<int64_t>(blocks, (p.n + step - 1) / step);
-  int64_t chunk = (p.n + blocks - 1) / blocks;
-  chunk = (chunk + step - 1) / step * step;
-  blocks = (p.n + chunk - 1) / chunk;
-  ScoreKeysKernel<D, G, kFp8><<<static_cast<int>(blocks), threads, smem, stream>>>(
-      p, CarveScoreWorkspace(p.workspace), kv_warps, rows, chunk);
+  static std::atomic<int64_t> resident_cache{0};
+  int64_t resident = 0;
+  TS_CUDA_RETURN_IF_ERROR(ResidentBlocks(ScoreKeysKernel<D, G, kFp8>, threads, smem,
+                                         &resident_cache, &resident));
+  const ScoreGrid grid =
+      PlanScoreGrid(p.n, static_cast<int64_t>(rows) * T, resident);
+  ScoreKeysKernel<D, G, kFp8><<<grid.blocks, threads, smem, stream>>>(
+      p, CarveScoreWorkspace(p.workspace), kv_warps, rows, grid.chunk);
   return cudaGetLastError();
 }
 
@@ -424,15 +386,17 @@ size_t ScoreKeysWorkspaceBytes(int64_t num_heads) {
 }
 
 cudaError_t ScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
-  if (p.n < 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
+  if (p.n < 0 || p.n > INT32_MAX - (int64_t{1} << 20) || p.num_kv_heads <= 0 ||
+      p.num_heads % p.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
   if (p.n == 0) return cudaSuccess;
   const int64_t group = p.num_heads / p.num_kv_heads;
-  if (p.kv_type == KvCacheType::kFp8E4M3) {
-    if (p.k_scale == nullptr) return cudaErrorInvalidValue;
-    return DispatchDim<true>(p, group, stream);
-  }
+  if (p.kv_type == KvCacheType::kFp8E4M3 && p.k_scale == nullptr) return cudaErrorInvalidValue;
+  // Tensor cores where the shape allows (key_scores_mma.cu), else the lane kernel.
+  const cudaError_t mma = score_internal::LaunchScoreKeysMma(p, stream);
+  if (mma != cudaErrorNotSupported) return mma;
+  if (p.kv_type == KvCacheType::kFp8E4M3) return DispatchDim<true>(p, group, stream);
   return DispatchDim<false>(p, group, stream);
 }
 

@@ -14,9 +14,11 @@
 // non-null and *skip != 0 the kernels return at once and write nothing (not even workspaces), so
 // a graph of check -> score -> vote -> top-k keeps the cached top-k in the TopK output on a hit.
 //
-// Storage: keys bf16 or FP8 (kv_cache_type.h: dequantized as read, so the logits are those of a
-// bf16 cache of the dequantized keys, bit for bit, from half the bytes), query fp32,
-// logits/votes fp32, all accumulation in fp32. The launchers take
+// Storage: keys bf16 or FP8 (kv_cache_type.h: dequantized exactly as read), query fp32,
+// logits/votes fp32, all accumulation in fp32. ScoreKeys runs on tensor cores for head_dim 128
+// and a query-head group of 4 (key_scores_mma.cu: the query split into 16-bit parts, ~fp32
+// accurate), else on CUDA cores (key_scores.cu; there FP8 logits equal, bit for bit, those of a
+// bf16 cache of the dequantized keys). The launchers take
 // a cudaStream_t, never synchronise, and return the first CUDA error (cudaErrorInvalidValue for
 // unsupported shapes: head_dim 64 or 128, group size 1, 2, 4 or 8).
 #ifndef TOKENSELECT_KERNELS_CUDA_SELECTION_H_
@@ -28,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/device_length.h"
 #include "kernels/cuda/kv_cache_type.h"
 
 namespace tokenselect::kernels::cuda {
@@ -43,7 +46,9 @@ struct KeyScoreParams {
   const int32_t* slots = nullptr;       // [n]: cache slot of candidate j
   // ScoreKeysWorkspaceBytes() bytes, zeroed once after allocation (the kernel leaves it zeroed).
   void* workspace = nullptr;
-  int64_t n = 0;
+  int64_t n = 0;                        // a bound when device_n is set
+  DeviceLength device_n;                // optional: the current n on the device, >= 1 (0 is read
+                                        // as 1: the kernels read at least one key)
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;             // query head h uses kv head h / (num_heads / num_kv_heads)
   int64_t head_dim = 0;
@@ -64,7 +69,8 @@ struct VoteParams {
   const float* logits = nullptr;        // [n, num_heads] (ScoreKeys)
   const float* head_max = nullptr;      // [num_heads] (soft vote only)
   const float* head_inv_sum = nullptr;  // [num_heads] (soft vote only)
-  int64_t n = 0;
+  int64_t n = 0;                        // a bound when device_n is set
+  DeviceLength device_n;                // optional: the current n on the device
   int64_t num_heads = 0;
   VoteMode mode = VoteMode::kSoftVote;
   const int32_t* skip = nullptr;        // optional [1]: when *skip != 0, write nothing
@@ -77,7 +83,8 @@ struct TopKParams {
   int32_t* out = nullptr;               // [min(k, n)] indices, ascending
   const float* scores = nullptr;        // [n]
   void* workspace = nullptr;            // TopKWorkspaceBytes() bytes (no initialisation needed)
-  int64_t n = 0;                        // up to 2^31 - 1
+  int64_t n = 0;                        // up to 2^31 - 1; a bound when device_n is set
+  DeviceLength device_n;                // optional: the current n on the device
   int64_t k = 0;
   const int32_t* skip = nullptr;        // optional [1]: when *skip != 0, write nothing
 };
@@ -86,8 +93,9 @@ size_t TopKWorkspaceBytes(int64_t n);
 
 // Radix select on the order-preserving 32-bit image of the scores (4 passes of 8 bits), then a
 // stable compaction: every score above the k-th best wins, plus the first (by index) of those
-// equal to it. Deterministic; 8 launches (the workspace is cleared by a kernel too, so that a set
-// skip flag leaves it alone), no host synchronisation.
+// equal to it. Deterministic; two launches (a kernel clears the workspace, so that a set skip
+// flag leaves it alone; then one cooperative kernel with grid-wide barriers, at most one block
+// per SM), no host synchronisation. Capturable in a CUDA graph.
 cudaError_t TopK(const TopKParams& params, cudaStream_t stream);
 
 struct CacheCheckParams {

@@ -14,7 +14,8 @@ namespace {
 
 __global__ void SelectedListKernel(SelectedListParams p) {
   __shared__ int32_t valid_picks;
-  const int64_t window_begin = p.num_cached - p.n_local;
+  const int64_t num_cached = ResolveLength(p.device_num_cached, p.num_cached);
+  const int64_t window_begin = num_cached - p.n_local;
   if (threadIdx.x == 0) {
     // Picks p are valid while n_init + p < window_begin: count them by binary search.
     int64_t lo = 0, hi = p.picks == nullptr ? 0 : p.num_picks;
@@ -50,7 +51,7 @@ __global__ void SelectedListKernel(SelectedListParams p) {
     } else if (j < selected) {
       token = window_begin + (j - p.n_init - num_valid);
     } else {
-      token = p.num_cached + (j - selected);
+      token = num_cached + (j - selected);
     }
     p.kv_indices[j] = p.token_slots[token];
     p.kv_positions[j] = static_cast<int32_t>(j);
@@ -80,14 +81,15 @@ __global__ void TokensListKernel(TokensListParams p) {
 }
 
 __global__ void DenseListKernel(DenseListParams p) {
+  const int64_t num_cached = ResolveLength(p.device_num_cached, p.num_cached);
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i == 0) {
     p.kv_indptr[0] = 0;
-    p.kv_indptr[1] = static_cast<int32_t>(p.num_cached + p.num_new);
+    p.kv_indptr[1] = static_cast<int32_t>(num_cached + p.num_new);
   }
   if (i < p.num_new) {
-    p.q_positions[i] = static_cast<int32_t>(p.num_cached + i);
-    p.visible[i] = static_cast<int32_t>(p.num_cached + i + 1);
+    p.q_positions[i] = static_cast<int32_t>(num_cached + i);
+    p.visible[i] = static_cast<int32_t>(num_cached + i + 1);
   }
 }
 

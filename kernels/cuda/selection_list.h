@@ -25,6 +25,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/device_length.h"
+
 namespace tokenselect::kernels::cuda {
 
 struct SelectedListParams {
@@ -36,7 +38,8 @@ struct SelectedListParams {
   const int32_t* token_slots = nullptr;  // [num_cached + num_new]: cache slot of every token
   const int32_t* picks = nullptr;      // [num_picks] ascending offsets from n_init, or nullptr
   int64_t num_picks = 0;
-  int64_t num_cached = 0;
+  int64_t num_cached = 0;              // a bound when device_num_cached is set
+  DeviceLength device_num_cached;      // optional: the current num_cached on the device
   int64_t num_new = 0;
   int64_t n_init = 0;                  // n_init + n_local <= num_cached
   int64_t n_local = 0;
@@ -51,7 +54,8 @@ struct DenseListParams {
   int32_t* kv_indptr = nullptr;    // [2]: 0, num_cached + num_new
   int32_t* q_positions = nullptr;  // [num_new]: num_cached + i
   int32_t* visible = nullptr;      // [num_new]: num_cached + i + 1
-  int64_t num_cached = 0;
+  int64_t num_cached = 0;          // a bound when device_num_cached is set
+  DeviceLength device_num_cached;  // optional: the current num_cached on the device
   int64_t num_new = 0;
 };
 cudaError_t FillDenseList(const DenseListParams& params, cudaStream_t stream);

@@ -1,0 +1,249 @@
+// Selection scoring on tensor cores (selection.h: ScoreKeys) for head_dim 128 and a query-head
+// group of 4 (Llama-3-8B at TP = 1, 2 and 4: 8, 4 or 2 kv heads per GPU), FP8 or bf16 keys.
+//
+// Why: the lane kernel (key_scores.cu) spends ~5 instructions per key element (unpack, then one
+// fp32 FMA per query head of the group, then a reduce-scatter over lanes). With bf16 keys that
+// stays under the memory time; with FP8 keys (half the bytes) it does not: 0.484 ms at 1M keys,
+// 2.2 TB/s, against 0.58 ms for twice the bf16 bytes. Here a key element costs half a
+// conversion and no FMA: the dot products are mma.sync m16n8k16 with fp32 accumulation.
+//
+// The query in 16-bit parts. Tensor cores take 16-bit inputs, so each query value q (fp32, times
+// the kv head's FP8 scale) is split into parts whose sum is q to ~fp32 precision:
+//   FP8 keys   A = the e4m3 keys as f16 (exact), B = q as f16 hi + lo (22 significant bits);
+//              the 8 columns of one m16n8k16 are 4 heads x {hi, lo}: one MMA per 16 dims.
+//   bf16 keys  A = the keys as stored, B = q as bf16 hi + mid + lo (24 bits): 4 heads x {hi,
+//              mid} in one MMA, 4 heads x {lo, 0} in a second.
+// The logit of (token, head) is the sum of its columns. Products of 16-bit values are exact in
+// fp32, so the result differs from the lane kernel's fp32 FMA chain only by summation order and
+// the last bits of q (the GPU tests bound it against an fp64 reference).
+//
+// Work mapping: a warp owns one kv head and walks 16-token tiles of its block's token range; a
+// block is 8 warps = (8 / kv heads) rows of warps over the kv heads. In a tile, lane (g, t)
+// (g = lane / 4, t = lane % 4) loads tokens g and g + 8, dims [32 t, 32 t + 32) of its kv head:
+// 32 B per token for FP8, 64 B for bf16, so the 4 lanes of a quad read one token's whole
+// 128-dim row (coalesced). The MMA's k index is permuted so that this load is its A fragment
+// directly: MMA j's k positions {2t, 2t+1, 2t+8, 2t+9} are dims 32 t + 4 j + {0, 1, 2, 3}; the
+// query fragments (registers for the whole kernel) use the same permutation. The accumulator
+// of lane (g, t) then holds head t's logits of tokens g and g + 8: stored, and folded into the
+// lane's online (max, sum-exp); quads, then rows of warps, then blocks combine those
+// (key_scores_internal.cuh). The next tile's keys are loaded before this tile's MMAs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/key_scores_internal.cuh"
+#include "kernels/cuda/selection.h"
+
+namespace tokenselect::kernels::cuda::score_internal {
+namespace {
+
+constexpr int kD = 128;
+constexpr int kG = 4;
+constexpr int kThreads = 256;
+constexpr int kTile = 16;  // tokens per MMA tile
+
+template <bool kFp8>
+struct MmaTraits {
+  static constexpr int kWords = kFp8 ? 8 : 16;  // 32-bit words of a lane's 32 dims of a token
+  static constexpr int kMmas = kFp8 ? 1 : 2;    // MMAs per 16 dims
+};
+
+// Part `part` of q as a 16-bit value (raw bits): FP8 f16 {hi, lo}; bf16 {hi, mid, lo}; part -1
+// is zero.
+template <bool kFp8>
+__device__ __forceinline__ uint16_t QueryPart(float q, int part) {
+  if (part < 0) return 0;
+  if constexpr (kFp8) {
+    const __half hi = __float2half_rn(q);
+    const __half lo = __float2half_rn(q - __half2float(hi));
+    return __half_as_ushort(part == 0 ? hi : lo);
+  } else {
+    const __nv_bfloat16 hi = __float2bfloat16_rn(q);
+    const float r = q - __bfloat162float(hi);
+    const __nv_bfloat16 mid = __float2bfloat16_rn(r);
+    const __nv_bfloat16 lo = __float2bfloat16_rn(r - __bfloat162float(mid));
+    return __bfloat16_as_ushort(part == 0 ? hi : (part == 1 ? mid : lo));
+  }
+}
+
+// Two e4m3 bytes (the lower at bits 0-7) as f16x2, the lower byte in the lower half.
+__device__ __forceinline__ uint32_t Fp8x2ToHalf2(uint32_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+template <bool kFp8>
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (kFp8) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 2)
+    ScoreKeysMmaKernel(KeyScoreParams p, ScoreWorkspace ws, int rows, int64_t chunk) {
+  using Traits = MmaTraits<kFp8>;
+  constexpr int kWords = Traits::kWords;
+  constexpr int kMmas = Traits::kMmas;
+  constexpr int kVecs = kWords / 4;  // 16-byte loads per token
+  __shared__ float2 sm_stats[kThreads / 32][kG];
+  if (p.skip != nullptr && *p.skip != 0) return;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int num_kv = static_cast<int>(p.num_kv_heads);
+  const int kv = warp % num_kv, row = warp / num_kv;
+  const int g = lane >> 2, t = lane & 3;
+
+  // Query fragments: column g of MMA m is head g / 2, part (g % 2) + 2 m (FP8: parts 0, 1 in the
+  // one MMA; bf16: 0, 1 in the first, 2 and zero in the second).
+  const float k_scale = kFp8 ? p.k_scale[kv] : 1.0f;
+  const float* q_head = p.query + (kv * kG + g / 2) * kD + 32 * t;
+  const int part0 = g % 2;
+  uint32_t b[8][kMmas][2];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int m = 0; m < kMmas; ++m) {
+      const int part = m == 0 ? part0 : (part0 == 0 ? 2 : -1);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float q0 = q_head[4 * j + 2 * half] * k_scale;
+        const float q1 = q_head[4 * j + 2 * half + 1] * k_scale;
+        const uint16_t lo = QueryPart<kFp8>(q0, part), hi = QueryPart<kFp8>(q1, part);
+        b[j][m][half] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+      }
+    }
+  }
+
+  float2 stats = make_float2(-INFINITY, 0.0f);  // head t of this warp's kv head
+  const int64_t stride = static_cast<int64_t>(rows) * kTile;
+  const int64_t n = max(ResolveLength(p.device_n, p.n), int64_t{1});  // as the lane kernel
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
+  const int64_t end = min(n, begin + chunk);
+  const uint4* keys = static_cast<const uint4*>(p.k_cache);
+  // 16-byte vectors per cache row, and this lane's first vector within a row.
+  const int64_t row_vecs = p.num_kv_heads * kD * (kFp8 ? 1 : 2) / 16;
+  const int64_t lane_vec = (kv * kD + 32 * t) * (kFp8 ? 1 : 2) / 16;
+  uint4 raw[2][kVecs];  // tokens g and g + 8
+  auto load_tile = [&](int64_t base) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t tok = min(base + g + 8 * r, end - 1);  // clamped: an L2 hit, masked later
+      const int64_t slot = __ldg(p.slots + tok);
+      const uint4* src = keys + slot * row_vecs + lane_vec;
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) raw[r][v] = __ldg(src + v);
+    }
+  };
+  int64_t base = begin + static_cast<int64_t>(row) * kTile;
+  if (base < end) load_tile(base);
+  const int num_heads = static_cast<int>(p.num_heads);
+  for (; base < end; base += stride) {
+    // The A fragments of the 8 MMAs, then the next tile's loads into the freed registers.
+    uint32_t words[2][kWords];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        words[r][4 * v] = raw[r][v].x;
+        words[r][4 * v + 1] = raw[r][v].y;
+        words[r][4 * v + 2] = raw[r][v].z;
+        words[r][4 * v + 3] = raw[r][v].w;
+      }
+    }
+    if (base + stride < end) load_tile(base + stride);
+    float c[kMmas][4] = {};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint32_t a[4];
+      if constexpr (kFp8) {
+        a[0] = Fp8x2ToHalf2(words[0][j]);        // token g, dims 4j + {0, 1}
+        a[1] = Fp8x2ToHalf2(words[1][j]);        // token g + 8
+        a[2] = Fp8x2ToHalf2(words[0][j] >> 16);  // token g, dims 4j + {2, 3}
+        a[3] = Fp8x2ToHalf2(words[1][j] >> 16);
+      } else {
+        a[0] = words[0][2 * j];
+        a[1] = words[1][2 * j];
+        a[2] = words[0][2 * j + 1];
+        a[3] = words[1][2 * j + 1];
+      }
+#pragma unroll
+      for (int m = 0; m < kMmas; ++m) Mma<kFp8>(c[m], a, b[j][m][0], b[j][m][1]);
+    }
+    // Lane (g, t): c[m][0..1] = token g, head t, two parts; c[m][2..3] = token g + 8.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float dot = c[0][2 * r] + c[0][2 * r + 1];
+      if constexpr (kMmas == 2) dot += c[1][2 * r];
+      const int64_t tok = base + g + 8 * r;
+      if (tok < end) {
+        const float s = dot * p.scale;
+        p.logits[tok * num_heads + kv * kG + t] = s;
+        const float m_new = fmaxf(stats.x, s);
+        stats.y = stats.y * __expf(stats.x - m_new) + __expf(s - m_new);
+        stats.x = m_new;
+      }
+    }
+  }
+
+  // Head t's state: over the 8 lanes of equal t, then over the rows of warps.
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    float2 other;
+    other.x = __shfl_xor_sync(0xffffffffu, stats.x, off);
+    other.y = __shfl_xor_sync(0xffffffffu, stats.y, off);
+    stats = CombineStats(stats, other);
+  }
+  if (g == 0) sm_stats[warp][t] = stats;
+  __syncthreads();
+  for (int h = threadIdx.x; h < num_heads; h += blockDim.x) {
+    float2 acc = make_float2(-INFINITY, 0.0f);
+    for (int r = 0; r < rows; ++r) acc = CombineStats(acc, sm_stats[r * num_kv + h / kG][h % kG]);
+    ws.partial[blockIdx.x * num_heads + h] = acc;
+  }
+  FinishScoreStats(p, ws);
+}
+
+template <bool kFp8>
+cudaError_t Launch(const KeyScoreParams& p, cudaStream_t stream) {
+  const int rows = kThreads / 32 / static_cast<int>(p.num_kv_heads);
+  static std::atomic<int64_t> resident_cache{0};
+  int64_t resident = 0;
+  TS_CUDA_RETURN_IF_ERROR(
+      ResidentBlocks(ScoreKeysMmaKernel<kFp8>, kThreads, 0, &resident_cache, &resident));
+  const ScoreGrid grid =
+      PlanScoreGrid(p.n, static_cast<int64_t>(rows) * kTile, resident);
+  ScoreKeysMmaKernel<kFp8><<<grid.blocks, kThreads, 0, stream>>>(
+      p, CarveScoreWorkspace(p.workspace), rows, grid.chunk);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchScoreKeysMma(const KeyScoreParams& p, cudaStream_t stream) {
+  const int64_t kv = p.num_kv_heads;
+  if (p.head_dim != kD || p.num_heads != kG * kv || !(kv == 1 || kv == 2 || kv == 4 || kv == 8)) {
+    return cudaErrorNotSupported;
+  }
+  return p.kv_type == KvCacheType::kFp8E4M3 ? Launch<true>(p, stream) : Launch<false>(p, stream);
+}
+
+}  // namespace tokenselect::kernels::cuda::score_internal
