@@ -36,6 +36,7 @@ absl::Status CudaDenseAttention::Select(const CudaAttentionQuery& query, CudaAtt
     p.q_positions = buffer_ + 2;
     p.visible = buffer_ + 2 + max_new_;
     p.num_cached = query.cache_length;
+    p.device_num_cached.count = query.device_cache_length;
     p.num_new = query.num_new;
     RETURN_IF_ERROR(CudaStatus(kc::FillDenseList(p, query.stream), "FillDenseList"));
   }

@@ -24,6 +24,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -79,6 +80,11 @@ struct CudaAttentionQuery {
   KvCacheDType kv_dtype = KvCacheDType::kBF16;
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
+  // Set when the step is captured once in a CUDA graph and replayed while the sequence grows
+  // (CudaModel's whole-step decode graphs): the current cache length is device_cache_length[0]
+  // and cache_length is a bound on it, for sizes and launch grids (see
+  // CudaAttentionProvider::SupportsDeviceLength).
+  const int32_t* device_cache_length = nullptr;
   const int32_t* token_slots = nullptr;    // [cache_length + num_new]: slot of every token
   const int32_t* iota = nullptr;           // [>= cache_length + num_new + 1]: iota[i] = i
   const float* inv_freq = nullptr;         // [head_dim / 2]
@@ -101,8 +107,31 @@ struct CudaAttentionList {
 // attention for that layer has run, i.e. until the next Select call on the same stream.
 class CudaAttentionProvider {
  public:
+  CudaAttentionProvider() : id_(NextId()) {}
   virtual ~CudaAttentionProvider() = default;
   virtual absl::Status Select(const CudaAttentionQuery& query, CudaAttentionList* list) = 0;
+
+  // Whole-step decode graphs (CudaModel): true when Select can take the cache length on the
+  // device (query.device_cache_length) and enqueue the same work, graph-capturable (no host
+  // synchronisation, no allocation, no host state that depends on the length), for every
+  // current length from query.cache_length up to `bound`. The default: no (the model then runs
+  // the step's attention eagerly).
+  virtual bool SupportsDeviceLength(const CudaAttentionQuery& query, int64_t bound) const {
+    return false;
+  }
+  // The host-side bookkeeping (statistics) Select would have done for `query` (with its true
+  // cache_length), for a step whose Select work was captured earlier and is replayed.
+  virtual void AccountReplay(const CudaAttentionQuery& query) {}
+  // Unique over the process's lifetime (a graph captured with this provider's buffers is never
+  // replayed for another provider at the same address).
+  uint64_t id() const { return id_; }
+
+ private:
+  static uint64_t NextId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+  const uint64_t id_;
 };
 
 // Full causal attention: every cached token at its true position, then the new tokens. The
@@ -118,6 +147,9 @@ class CudaDenseAttention : public CudaAttentionProvider {
   CudaDenseAttention& operator=(const CudaDenseAttention&) = delete;
 
   absl::Status Select(const CudaAttentionQuery& query, CudaAttentionList* list) override;
+  bool SupportsDeviceLength(const CudaAttentionQuery& query, int64_t bound) const override {
+    return true;
+  }
 
  private:
   int32_t* buffer_ = nullptr;  // indptr [2] | q_positions [max_new] | visible [max_new]

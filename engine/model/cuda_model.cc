@@ -1,12 +1,14 @@
 // CudaModel at run time: sequences in the page pool, the forward step (graph-captured segments
 // around per-sequence selection and attention), Forward, DecodeBatch and greedy choice.
-// Construction and weight upload are in cuda_model_load.cc.
+// Construction and weight upload are in cuda_model_load.cc; decode steps replayed as one graph
+// (and the device-side lengths they need) in cuda_model_step_graph.cc.
 #include "engine/model/cuda_model.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -85,7 +87,9 @@ absl::StatusOr<std::unique_ptr<CudaSequence>> CudaModel::NewSequence(int64_t max
         "CudaModel: a sequence of ", max_tokens, " tokens needs ", needed, " KV pages; ",
         d.free_pages.size(), " of ", d.num_pages, " are free"));
   }
+  static std::atomic<uint64_t> next_sequence_id{1};
   std::unique_ptr<CudaSequence> seq(new CudaSequence());
+  seq->id_ = next_sequence_id.fetch_add(1, std::memory_order_relaxed);
   seq->pages_.assign(d.free_pages.begin(), d.free_pages.begin() + needed);
   d.free_pages.erase(d.free_pages.begin(), d.free_pages.begin() + needed);
   seq->model_ = this;  // from here on the destructor returns the pages
@@ -230,43 +234,16 @@ absl::Status CudaModel::RunSegment(int64_t segment, int64_t m, int64_t logits_ro
   return CudaStatus(cudaGraphLaunch(exec, d.stream), "graph launch");
 }
 
-absl::Status CudaModel::Attention(int64_t layer, const StepRow& row) {
+CudaAttentionQuery CudaModel::LayerQuery(int64_t layer, const StepRow& row) const {
   const ModelConfig& c = config_;
   Device& d = *dev_;
   LayerBuffers& b = d.layers[layer];
-  const int64_t m = row.count;
   const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
-  const __nv_bfloat16* q = d.qkv.bf16() + row.row * qkv_dim;
-  __nv_bfloat16* out = d.attn.bf16() + row.row * c.q_dim();
-  // Under tensor parallelism nothing is allocated inside a step: with NCCL's peer mappings a
-  // cudaFree waits for the other GPUs too, which may be waiting in an all-reduce for this rank's
-  // next launch (a deadlock). Build reserves the largest workspace and every dense row instead.
-  const bool sharded = IsSharded(options_.tp);
-  auto reserve_workspace = [&](size_t bytes) -> absl::Status {
-    if (bytes <= d.attention_workspace.bytes()) return absl::OkStatus();
-    if (sharded) {
-      return absl::InternalError(absl::StrCat("CudaModel: attention workspace of ", bytes,
-                                              " bytes was not reserved at construction"));
-    }
-    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
-    return d.attention_workspace.Allocate(bytes);
-  };
-  CudaAttentionProvider* attention = row.attention;
-  if (attention == nullptr) {
-    if (sharded && row.row >= static_cast<int64_t>(d.dense_rows.size())) {
-      return absl::InternalError("CudaModel: dense attention row was not reserved at construction");
-    }
-    while (static_cast<int64_t>(d.dense_rows.size()) <= row.row) {
-      d.dense_rows.push_back(std::make_unique<CudaDenseAttention>());
-      RETURN_IF_ERROR(CudaDenseAttention::Create(options_.max_chunk, d.dense_rows.back().get()));
-    }
-    attention = d.dense_rows[row.row].get();
-  }
   CudaAttentionQuery query;
   query.layer = layer;
   query.cache_length = row.seq->length_;
-  query.num_new = m;
-  query.q = q;
+  query.num_new = row.count;
+  query.q = d.qkv.bf16() + row.row * qkv_dim;
   query.q_row_stride = qkv_dim;
   query.k_cache = b.k_cache.as<void>();
   query.v_cache = b.v_cache.as<void>();
@@ -279,9 +256,54 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row) {
   query.config = &config_;
   query.stream = d.stream;
   query.tp = options_.tp;
+  return query;
+}
+
+// The row's provider, or full attention from the model's own per-row providers.
+absl::StatusOr<CudaAttentionProvider*> CudaModel::RowProvider(const StepRow& row) {
+  if (row.attention != nullptr) return row.attention;
+  Device& d = *dev_;
+  if (IsSharded(options_.tp) && row.row >= static_cast<int64_t>(d.dense_rows.size())) {
+    return absl::InternalError("CudaModel: dense attention row was not reserved at construction");
+  }
+  while (static_cast<int64_t>(d.dense_rows.size()) <= row.row) {
+    d.dense_rows.push_back(std::make_unique<CudaDenseAttention>());
+    RETURN_IF_ERROR(CudaDenseAttention::Create(options_.max_chunk, d.dense_rows.back().get()));
+  }
+  return d.dense_rows[row.row].get();
+}
+
+absl::Status CudaModel::Attention(int64_t layer, const StepRow& row, const int32_t* device_length,
+                                  int64_t bound) {
+  const ModelConfig& c = config_;
+  Device& d = *dev_;
+  LayerBuffers& b = d.layers[layer];
+  const int64_t m = row.count;
+  const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  const __nv_bfloat16* q = d.qkv.bf16() + row.row * qkv_dim;
+  __nv_bfloat16* out = d.attn.bf16() + row.row * c.q_dim();
+  // Under tensor parallelism nothing is allocated inside a step: with NCCL's peer mappings a
+  // cudaFree waits for the other GPUs too, which may be waiting in an all-reduce for this rank's
+  // next launch (a deadlock). Build reserves the largest workspace and every dense row instead.
+  // Inside a whole-step graph capture nothing may be allocated either: PlanRows reserves.
+  const bool sharded = IsSharded(options_.tp);
+  auto reserve_workspace = [&](size_t bytes) -> absl::Status {
+    if (bytes <= d.attention_workspace.bytes()) return absl::OkStatus();
+    if (sharded || device_length != nullptr) {  // PlanRows reserved for device lengths
+      return absl::InternalError(absl::StrCat("CudaModel: attention workspace of ", bytes,
+                                              " bytes was not reserved before the step"));
+    }
+    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
+    return d.attention_workspace.Allocate(bytes);
+  };
+  ASSIGN_OR_RETURN(CudaAttentionProvider * attention, RowProvider(row));
+  CudaAttentionQuery query = LayerQuery(layer, row);
+  const int64_t length = device_length != nullptr ? bound : row.seq->length_;
+  query.cache_length = length;
+  query.device_cache_length = device_length;
   CudaAttentionList list;
   RETURN_IF_ERROR(attention->Select(query, &list));
-  if (list.max_kv_len < 0 || list.max_kv_len > row.seq->length_ + m) {
+  if (list.max_kv_len < 0 || list.max_kv_len > length + m) {
     return absl::InternalError(absl::StrCat("attention provider: max_kv_len ", list.max_kv_len,
                                             " is out of range"));
   }
@@ -387,11 +409,29 @@ absl::Status CudaModel::Step(absl::Span<const StepRow> rows, absl::Span<const in
                              "copy"));
   RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(d.q_indptr.as<int32_t>(), q_indptr, 8, cudaMemcpyHostToDevice, s), "copy"));
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
-    RETURN_IF_ERROR(RunSegment(l, m, logits_rows));
-    for (const StepRow& r : rows) RETURN_IF_ERROR(Attention(l, r));
+  ASSIGN_OR_RETURN(const std::vector<RowPlan> plan, PlanRows(rows));
+  bool ran = false;
+  if (options_.use_graphs && logits_rows == m && m <= options_.max_batch) {
+    RETURN_IF_ERROR(RunStepGraph(rows, plan, &ran));
   }
-  RETURN_IF_ERROR(RunSegment(config_.num_layers, m, logits_rows));
+  if (!ran) {
+    for (int64_t l = 0; l < config_.num_layers; ++l) {
+      RETURN_IF_ERROR(RunSegment(l, m, logits_rows));
+      for (size_t r = 0; r < rows.size(); ++r) {
+        RETURN_IF_ERROR(Attention(l, rows[r],
+                                  plan[r].bound > 0 ? d.row_lengths.as<int32_t>() + r : nullptr,
+                                  plan[r].bound));
+      }
+    }
+    RETURN_IF_ERROR(RunSegment(config_.num_layers, m, logits_rows));
+  }
+  // Rows on device lengths: their providers' host bookkeeping (Select skipped it).
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (plan[r].bound == 0) continue;
+    for (int64_t l = 0; l < config_.num_layers; ++l) {
+      plan[r].provider->AccountReplay(LayerQuery(l, rows[r]));
+    }
+  }
   for (const StepRow& r : rows) r.seq->length_ += r.count;
   last_logits_rows_ = logits_rows;
   return absl::OkStatus();

@@ -12,10 +12,11 @@
 //               x += (silu(g) * u) Wd^T + bd                   (GEMM epilogue, fp32)
 //   logits = RmsNorm(x[last]) lm_head^T                        (fp32)
 // A Forward call of m tokens runs them as one step (a prefill chunk: m rows per GEMM) when m <=
-// max_chunk, and as consecutive steps of max_chunk otherwise. Decode steps (m = 1) replay CUDA
-// graphs of the shape-static parts (everything between one layer's attention and the next's:
-// o_proj, MLP, norms, qkv GEMM, KV append), so only selection and attention are launched one by
-// one. Attention goes through the tuned kernels for head_dim 64/128 and group 1/2/4/8, and
+// max_chunk, and as consecutive steps of max_chunk otherwise. Decode steps (m = 1) replay one
+// CUDA graph of the whole step when every row's attention provider can take its cache length on
+// the device (cuda_model_step_graph.cc), and otherwise graphs of the shape-static parts
+// (everything between one layer's attention and the next's: o_proj, MLP, norms, qkv GEMM, KV
+// append) with selection and attention launched one by one. Attention goes through the tuned kernels for head_dim 64/128 and group 1/2/4/8, and
 // through the simple kernels otherwise (the tiny test presets).
 //
 // The KV cache is a pool of max_tokens slots in pages of page_size, shared by sequences
@@ -62,6 +63,9 @@ struct CudaModelOptions {
   int64_t max_chunk = 512;    // most tokens per step (prefill chunk, or rows of a decode batch)
   int64_t max_batch = 64;     // most sequences per DecodeBatch (rows of logits kept)
   bool use_graphs = true;     // CUDA graphs for decode steps
+  // Cache lengths one capture of a whole decode step serves (cuda_model_step_graph.cc): a
+  // sequence's step graph is captured again each time its length passes a multiple of this.
+  int64_t step_graph_bucket = 16384;
   // Element type of the KV cache (kv_cache_dtype.h): bf16, or e4m3 with per-head scales.
   KvCacheDType kv_dtype = KvCacheDType::kBF16;
   // Tensor parallelism (docs/parallel.md; engine/parallel/tp_cuda_model.h drives N of these).
@@ -99,6 +103,7 @@ class CudaSequence {
   friend class CudaModel;
   CudaSequence() = default;
   CudaModel* model_ = nullptr;
+  uint64_t id_ = 0;  // unique over the process's lifetime (whole-step graphs are keyed by it)
   std::vector<int32_t> pages_;
   std::vector<int32_t> host_slots_;  // [capacity]: slot of position i
   int32_t* slots_ = nullptr;         // the same on the device
@@ -179,6 +184,12 @@ class CudaModel {
   // kv_dim x kv_element_bytes(); the FP8 scales are not counted).
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t kv_bytes() const { return kv_bytes_; }
+  // Whole-step decode graphs (cuda_model_step_graph.cc): captures made, steps replayed.
+  struct StepGraphCounts {
+    int64_t captures = 0;
+    int64_t replays = 0;
+  };
+  const StepGraphCounts& step_graph_counts() const { return step_graph_counts_; }
   // The KV cache's element type and its size in bytes (2 for bf16, 1 for FP8).
   KvCacheDType kv_dtype() const { return options_.kv_dtype; }
   int64_t kv_element_bytes() const { return KvCacheElementBytes(options_.kv_dtype); }
@@ -238,7 +249,24 @@ class CudaModel {
                     int64_t logits_rows);
   absl::Status EnqueueSegment(int64_t segment, int64_t m, int64_t logits_rows);
   absl::Status RunSegment(int64_t segment, int64_t m, int64_t logits_rows);
-  absl::Status Attention(int64_t layer, const StepRow& row);
+  // A row's attention for one layer. device_length (with bound): the row's cache length is on
+  // the device, for capture in a whole-step graph (CudaAttentionQuery::device_cache_length).
+  absl::Status Attention(int64_t layer, const StepRow& row, const int32_t* device_length = nullptr,
+                         int64_t bound = 0);
+  CudaAttentionQuery LayerQuery(int64_t layer, const StepRow& row) const;
+  absl::StatusOr<CudaAttentionProvider*> RowProvider(const StepRow& row);
+  // How a step runs a row's attention: rows of one new token whose provider supports it take
+  // their cache length from the device (copied in before the step) with a bound, in graphs and
+  // eagerly alike, so that both enqueue the same work (cuda_model_step_graph.cc).
+  struct RowPlan {
+    CudaAttentionProvider* provider;
+    int64_t bound;  // > 0: the length is device_lengths[row], at most bound
+  };
+  absl::StatusOr<std::vector<RowPlan>> PlanRows(absl::Span<const StepRow> rows);
+  // A decode step (one new token per row, logits for every row, every row on device lengths) as
+  // one replayed CUDA graph; *ran false: nothing was enqueued, run the step by segments.
+  absl::Status RunStepGraph(absl::Span<const StepRow> rows, absl::Span<const RowPlan> plan,
+                            bool* ran);
   // FP8: kv_scales_ from the uploaded weights, and their device copy.
   absl::Status ComputeKvScales();
   absl::StatusOr<CudaSequence*> DefaultSequence();
@@ -249,6 +277,7 @@ class CudaModel {
   std::unique_ptr<Device> dev_;
   std::unique_ptr<CudaSequence> default_seq_;
   int64_t last_logits_rows_ = 0;
+  StepGraphCounts step_graph_counts_;
   int64_t weight_bytes_ = 0;
   int64_t kv_bytes_ = 0;
   std::vector<float> kv_scales_;  // FP8: host copy of Device::kv_scales

@@ -390,6 +390,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
   RETURN_IF_ERROR(d.tokens.Allocate(rows * 4));
   RETURN_IF_ERROR(d.new_slots.Allocate(rows * 4));
   RETURN_IF_ERROR(d.greedy.Allocate(options.max_batch * 4));
+  RETURN_IF_ERROR(d.row_lengths.Allocate(options.max_batch * 4));
   RETURN_IF_ERROR(d.q_indptr.Allocate(2 * 4));
   const int64_t iota_len = options.max_tokens + options.max_chunk + 1;
   RETURN_IF_ERROR(d.iota.Allocate(iota_len * 4));

@@ -49,6 +49,14 @@ class Arena {
 // Budget covers the cache: every policy attends everything (selection_policy.h).
 bool CoversAll(const SelectionOptions& o, int64_t n) { return o.n_init + o.k + o.n_local >= n; }
 
+// A bound on the list length of a step of m new tokens after n cached ones.
+int64_t ListBound(const SelectionOptions& o, int64_t n, int64_t m) {
+  if (o.policy == SelectionPolicyKind::kDense || CoversAll(o, n)) return n + m;
+  if (o.policy == SelectionPolicyKind::kQuest) return std::min(n, o.n_init + o.k + o.n_local) + m;
+  if (o.policy == SelectionPolicyKind::kStreaming) return o.n_init + o.k + o.n_local + m;
+  return o.n_init + std::min(o.k, n - o.n_init - o.n_local) + o.n_local + m;
+}
+
 }  // namespace
 
 struct CudaSelectionAttention::Device {
@@ -205,28 +213,29 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
   CudaTensorParallel* tp = IsSharded(query.tp) ? query.tp : nullptr;
   cudaStream_t s = query.stream;
   const bool decode = m == 1;
-  ++stats_.layer_steps;
-  if (decode) ++stats_.decode_layer_steps;
-  int64_t bound = 0;
+  // A length on the device (a step captured in a graph): n is a bound, the kernels read the
+  // current length; the caller accounts each replay (AccountReplay).
+  const int32_t* device_n = query.device_cache_length;
+  if (device_n != nullptr && !SupportsDeviceLength(query, n)) {
+    return absl::InvalidArgumentError(
+        "GPU selection: a device-side cache length for a step this provider cannot replay");
+  }
+  if (device_n == nullptr) Account(n, m);
   if (o.policy == SelectionPolicyKind::kDense || CoversAll(o, n)) {
     kc::DenseListParams p;
     p.kv_indptr = d.indptr;
     p.q_positions = d.q_positions;
     p.visible = d.visible;
     p.num_cached = n;
+    p.device_num_cached.count = device_n;
     p.num_new = m;
     RETURN_IF_ERROR(CudaStatus(kc::FillDenseList(p, s), "FillDenseList"));
     list->kv_indices = query.token_slots;
     list->kv_positions = query.iota;
-    bound = n + m;
-    ++stats_.full_attention_steps;
   } else if (o.policy == SelectionPolicyKind::kQuest) {
     RETURN_IF_ERROR(SelectQuest(query));
     list->kv_indices = d.indices;
     list->kv_positions = d.positions;
-    bound = std::min(n, o.n_init + o.k + o.n_local) + m;
-    stats_.candidates_scored += (n - o.n_init - o.n_local + o.baselines.quest_page_size - 1) /
-                                o.baselines.quest_page_size;
   } else {
     kc::SelectedListParams lp;
     lp.kv_indptr = d.indptr;
@@ -236,12 +245,16 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
     lp.visible = d.visible;
     lp.token_slots = query.token_slots;
     lp.num_cached = n;
+    lp.device_num_cached.count = device_n;
     lp.num_new = m;
     lp.n_init = o.n_init;
     if (o.policy == SelectionPolicyKind::kStreaming) {
       lp.n_local = o.k + o.n_local;
     } else {
-      const int64_t candidates = n - o.n_init - o.n_local;
+      const int64_t candidates = n - o.n_init - o.n_local;  // a bound with a device length
+      kc::DeviceLength device_candidates;
+      device_candidates.count = device_n;
+      device_candidates.minus = static_cast<int32_t>(o.n_init + o.n_local);
       const int64_t row = c.num_heads * c.head_dim;
       RETURN_IF_ERROR(CudaStatus(
           kc::BuildSelectionQuery(d.query, query.q, query.q_row_stride, m, c.num_heads,
@@ -275,8 +288,6 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
         picks = d.picks + query.layer * std::min(o.k, d.max_candidates);
         lp.hit = cp.hit;
         lp.counters = d.counters + 2 * query.layer;
-      } else {
-        stats_.candidates_scored += candidates;
       }
       kc::KeyScoreParams sp;
       sp.logits = d.logits;
@@ -289,6 +300,7 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       sp.slots = query.token_slots + o.n_init;
       sp.workspace = d.score_workspace;
       sp.n = candidates;
+      sp.device_n = device_candidates;
       sp.num_heads = c.num_heads;
       sp.num_kv_heads = c.num_kv_heads;
       sp.head_dim = c.head_dim;
@@ -301,6 +313,7 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       vp.head_max = d.head_max;
       vp.head_inv_sum = d.head_inv_sum;
       vp.n = candidates;
+      vp.device_n = device_candidates;
       vp.num_heads = c.num_heads;
       vp.mode = o.policy == SelectionPolicyKind::kTopK ? kc::VoteMode::kSumLogits
                                                        : kc::VoteMode::kSoftVote;
@@ -315,6 +328,7 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       tp.scores = d.vote;
       tp.workspace = d.topk_workspace;
       tp.n = candidates;
+      tp.device_n = device_candidates;
       tp.k = o.k;
       tp.skip = skip;
       RETURN_IF_ERROR(CudaStatus(kc::TopK(tp, s), "TopK"));
@@ -325,15 +339,53 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
     RETURN_IF_ERROR(CudaStatus(kc::BuildSelectedList(lp, s), "BuildSelectedList"));
     list->kv_indices = d.indices;
     list->kv_positions = d.positions;
-    bound = lp.n_init + lp.num_picks + lp.n_local + m;
   }
   list->kv_indptr = d.indptr;
   list->q_positions = d.q_positions;
   list->visible = d.visible;
-  list->max_kv_len = bound;
-  stats_.attended_tokens += bound;
-  if (decode) stats_.decode_attended_tokens += bound;
+  list->max_kv_len = ListBound(o, n, m);
   return absl::OkStatus();
+}
+
+bool CudaSelectionAttention::SupportsDeviceLength(const CudaAttentionQuery& query,
+                                                  int64_t bound) const {
+  const SelectionOptions& o = options_;
+  if (query.num_new != 1 || bound < query.cache_length) return false;
+  switch (o.policy) {
+    case SelectionPolicyKind::kDense:
+      return true;
+    case SelectionPolicyKind::kStreaming:
+    case SelectionPolicyKind::kTokenSelect:
+    case SelectionPolicyKind::kTopK:
+      // Not covered now means not covered at any longer length: the same path for every length.
+      return !CoversAll(o, query.cache_length) &&
+             bound - o.n_init - o.n_local <= dev_->max_candidates;
+    default:
+      return false;
+  }
+}
+
+void CudaSelectionAttention::AccountReplay(const CudaAttentionQuery& query) {
+  Account(query.cache_length, query.num_new);
+}
+
+int64_t CudaSelectionAttention::Account(int64_t n, int64_t m) {
+  const SelectionOptions& o = options_;
+  ++stats_.layer_steps;
+  if (m == 1) ++stats_.decode_layer_steps;
+  const bool full = o.policy == SelectionPolicyKind::kDense || CoversAll(o, n);
+  if (full) {
+    ++stats_.full_attention_steps;
+  } else if (o.policy == SelectionPolicyKind::kQuest) {
+    stats_.candidates_scored += (n - o.n_init - o.n_local + o.baselines.quest_page_size - 1) /
+                                o.baselines.quest_page_size;
+  } else if (o.policy != SelectionPolicyKind::kStreaming && m != 1) {
+    stats_.candidates_scored += n - o.n_init - o.n_local;  // decode goes through the cache
+  }
+  const int64_t bound = ListBound(o, n, m);
+  stats_.attended_tokens += bound;
+  if (m == 1) stats_.decode_attended_tokens += bound;
+  return bound;
 }
 
 // Quest: the selection query, the page bounds of the pages not yet complete (earlier pages never

@@ -69,6 +69,10 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   CudaSelectionAttention& operator=(const CudaSelectionAttention&) = delete;
 
   absl::Status Select(const CudaAttentionQuery& query, CudaAttentionList* list) override;
+  // Decode steps of dense, streaming, tokenselect and topk (not quest: it keeps per-layer host
+  // state), once the budget no longer covers the cache, up to the provider's max_tokens.
+  bool SupportsDeviceLength(const CudaAttentionQuery& query, int64_t bound) const override;
+  void AccountReplay(const CudaAttentionQuery& query) override;
 
   const SelectionOptions& options() const { return options_; }
   // Host-side counts (layer steps, attended-token bounds, candidates scored; selection_seconds
@@ -90,6 +94,9 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   // Quest's selection into the provider's list buffers (indptr, indices, positions, q
   // positions, visibility).
   absl::Status SelectQuest(const CudaAttentionQuery& query);
+  // The statistics of one layer step of m new tokens after n cached ones; returns the bound on
+  // its list length.
+  int64_t Account(int64_t n, int64_t m);
 
   const SelectionOptions options_;
   const ModelConfig config_;

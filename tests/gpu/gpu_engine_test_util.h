@@ -4,6 +4,8 @@
 #ifndef TOKENSELECT_TESTS_GPU_GPU_ENGINE_TEST_UTIL_H_
 #define TOKENSELECT_TESTS_GPU_GPU_ENGINE_TEST_UTIL_H_
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +14,16 @@
 #include "engine/selection/selection_options.h"
 
 namespace tokenselect::gpu_test {
+
+// CUDA devices present (0 when none can be used).
+inline int DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
 
 // n token ids spread over [3, vocab) (ids 0-2 are special in the generated tokenizers), different
 // for every salt.

@@ -59,15 +59,6 @@ const bool kEagerLoading = [] {
   return true;
 }();
 
-int DeviceCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
 absl::StatusOr<ModelConfig> TestConfig(const std::string& name) {
   PresetOptions preset;
   preset.vocab_size = 2048;
@@ -84,6 +75,7 @@ absl::StatusOr<ModelConfig> TestConfig(const std::string& name) {
   return PresetConfig(name, preset);
 }
 
+using gpu_test::DeviceCount;
 using gpu_test::Prompt;
 using gpu_test::SmallBudget;
 

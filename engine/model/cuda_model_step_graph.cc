@@ -1,0 +1,149 @@
+// Whole decode steps as one CUDA graph (CudaModel::RunStepGraph).
+//
+// A decode step by segments (cuda_model.cc) replays one graph per layer boundary but runs every
+// row's selection and attention eagerly: at 1M tokens with tokenselect that is ~15 launches per
+// layer whose 1-2 us gaps, and under tensor parallelism a host rendezvous before each eager
+// all-reduce, left the GPU idle 10-19% of a step (docs/performance.md). The lengths are what
+// keeps that work out of the segment graphs: they grow by one every step. Here the rows' cache
+// lengths are copied to the device before each launch and every kernel of the step reads them
+// there (CudaAttentionQuery::device_cache_length; grids are sized for a bound), so one graph of
+// the whole step (all segments, and each layer's selection, collectives and attention) serves
+// every step until a length passes its bound.
+//
+// Key: per row the sequence id, the provider id and the bound (the length rounded up to
+// CudaModelOptions::step_graph_bucket, at most the capacity). A step whose key differs from the captured graph's runs
+// by segments; the second step in a row with the same key captures (so a batch whose
+// composition changes every step never pays for captures). Providers opt in per step
+// (SupportsDeviceLength); one that does not keeps the step on segments. Rows on device lengths
+// use them by segments too (PlanRows), so a replayed graph and the same step run eagerly launch
+// the same kernels with the same grids: bitwise the same results. Host-side statistics of such
+// rows come from CudaAttentionProvider::AccountReplay.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/model/cuda_model.h"
+#include "engine/model/cuda_model_internal.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention.h"
+
+namespace tokenselect::engine {
+namespace {
+
+namespace kc = kernels::cuda;
+using kc::CudaStatus;
+
+}  // namespace
+
+absl::StatusOr<std::vector<CudaModel::RowPlan>> CudaModel::PlanRows(
+    absl::Span<const StepRow> rows) {
+  Device& d = *dev_;
+  std::vector<RowPlan> plan;
+  std::vector<int32_t> lengths;
+  int64_t max_bound = 0;
+  for (const StepRow& r : rows) {
+    RowPlan p{nullptr, 0};
+    ASSIGN_OR_RETURN(p.provider, RowProvider(r));
+    const int64_t length = r.seq->length_;
+    const int64_t bucket = std::max<int64_t>(1, options_.step_graph_bucket);
+    const int64_t bound = std::min(r.seq->capacity() - 1, (length / bucket + 1) * bucket);
+    if (r.count == 1 && r.row == static_cast<int64_t>(plan.size()) && bound >= length &&
+        bound <= INT32_MAX && p.provider->SupportsDeviceLength(LayerQuery(0, r), bound)) {
+      p.bound = bound;
+      max_bound = std::max(max_bound, bound);
+    }
+    plan.push_back(p);
+    lengths.push_back(static_cast<int32_t>(length));
+  }
+  if (max_bound == 0) return plan;
+  // No allocation may happen later in the step (it may be captured): reserve the attention
+  // workspace of the longest list a row can reach (splits only grow with the length).
+  if (d.tuned_attention) {
+    const ModelConfig& c = config_;
+    const size_t bytes = kc::DecodeAttentionWorkspaceBytes(
+        1, c.num_heads, c.head_dim, kc::PlanDecodeSplits(1, c.num_kv_heads, max_bound + 1, d.num_sms));
+    if (bytes > d.attention_workspace.bytes()) {
+      if (IsSharded(options_.tp)) {
+        return absl::InternalError(absl::StrCat("CudaModel: attention workspace of ", bytes,
+                                                " bytes was not reserved at construction"));
+      }
+      RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
+      RETURN_IF_ERROR(d.attention_workspace.Allocate(bytes));
+    }
+  }
+  // The lengths (a pageable copy: staged before the call returns).
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(d.row_lengths.as<void>(), lengths.data(),
+                                             lengths.size() * 4, cudaMemcpyHostToDevice, d.stream),
+                             "copy"));
+  return plan;
+}
+
+absl::Status CudaModel::RunStepGraph(absl::Span<const StepRow> rows,
+                                     absl::Span<const RowPlan> plan, bool* ran) {
+  *ran = false;
+  Device& d = *dev_;
+  const int64_t m = static_cast<int64_t>(rows.size());
+  std::vector<Device::StepGraphRow> key;
+  for (int64_t r = 0; r < m; ++r) {
+    if (plan[r].bound == 0 || rows[r].count != 1) return absl::OkStatus();
+    key.push_back(Device::StepGraphRow{rows[r].seq->id_, plan[r].provider->id(), plan[r].bound});
+  }
+  if (d.step_graph == nullptr || key != d.step_key) {
+    if (key != d.seen_key || key == d.failed_key) {  // first sight: by segments this time
+      d.seen_key = key;
+      return absl::OkStatus();
+    }
+    if (d.step_graph != nullptr) {
+      RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));  // not in flight
+      cudaGraphExecDestroy(d.step_graph);
+      d.step_graph = nullptr;
+      d.step_key.clear();
+    }
+    RETURN_IF_ERROR(CudaStatus(
+        cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeThreadLocal), "graph capture"));
+    absl::Status enqueued;
+    for (int64_t l = 0; l <= config_.num_layers && enqueued.ok(); ++l) {
+      enqueued = EnqueueSegment(l, m, m);
+      if (l == config_.num_layers) break;
+      for (int64_t r = 0; r < m && enqueued.ok(); ++r) {
+        enqueued = Attention(l, rows[r], d.row_lengths.as<int32_t>() + r, plan[r].bound);
+      }
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(d.stream, &graph);
+    if (enqueued.ok() && ended == cudaSuccess) {
+      const cudaError_t made = cudaGraphInstantiate(&d.step_graph, graph, 0);
+      if (made != cudaSuccess) d.step_graph = nullptr;
+      enqueued = CudaStatus(made, "graph instantiate");
+    } else if (enqueued.ok()) {
+      enqueued = CudaStatus(ended, "graph capture");
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!enqueued.ok()) {
+      cudaGetLastError();
+      // Under tensor parallelism the ranks must run the same collectives: an error. On one GPU
+      // the step runs by segments (which report a real error again) and this key is not
+      // captured again.
+      if (IsSharded(options_.tp)) return enqueued;
+      std::fprintf(stderr,
+                   "CudaModel: whole-step decode graph not captured, running by segments: %s\n",
+                   enqueued.ToString().c_str());
+      d.failed_key = key;
+      return absl::OkStatus();
+    }
+    d.step_key = key;
+    ++step_graph_counts_.captures;
+  }
+  // The graph holds collectives: no rank launches it before all are here.
+  if (IsSharded(options_.tp)) RETURN_IF_ERROR(options_.tp->WaitForRanks());
+  RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(d.step_graph, d.stream), "graph launch"));
+  ++step_graph_counts_.replays;
+  *ran = true;
+  return absl::OkStatus();
+}
+
+}  // namespace tokenselect::engine

@@ -1,0 +1,194 @@
+// Needs a GPU (label gpu; the TP=2 cases two): whole decode steps replayed as one CUDA graph
+// (engine/model/cuda_model_step_graph.cc) against the same steps run without graphs, on the
+// generated llama3-rope preset (head_dim 64: the GPU scoring kernels run) with a small selection
+// budget, for every policy with a GPU provider. A small step_graph_bucket (24) makes the decode
+// cross several buckets: the graph is captured again at each, and the lengths of the steps in
+// between come from the device.
+//   - logits of every decode step bit for bit equal (graphs and eager launch the same kernels
+//     with the same grids; with 2 ranks the NCCL sums are exact either way);
+//   - the providers' host statistics and the selection cache's device counters equal (the host
+//     bookkeeping of replayed steps, AccountReplay);
+//   - quest (host state per layer) never takes the graph path and still agrees.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model/cuda_model.h"
+#include "engine/model/dummy_weights.h"
+#include "engine/model/model_presets.h"
+#include "engine/parallel/tp_cuda_model.h"
+#include "engine/selection/cuda_selection.h"
+#include "tests/gpu/gpu_engine_test_util.h"
+
+namespace tokenselect::engine {
+namespace {
+
+const bool kEagerLoading = [] {
+  TpCudaModel::RequestEagerLoading(/*tp_size=*/2);
+  return true;
+}();
+
+constexpr int64_t kMaxTokens = 512;
+constexpr int64_t kChunk = 64;
+
+struct Case {
+  int tp;
+  SelectionPolicyKind policy;
+};
+
+std::string CaseName(const testing::TestParamInfo<Case>& info) {
+  return std::string(PolicyName(info.param.policy)) + "_tp" + std::to_string(info.param.tp);
+}
+
+class StepGraphTest : public testing::TestWithParam<Case> {};
+
+// One provider per rank, made on the rank's device.
+struct Providers {
+  Providers(TpCudaModel* model, const SelectionOptions& options) : model(model) {
+    owned.resize(static_cast<size_t>(model->size()));
+    const absl::Status made = model->RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
+      auto p = CudaSelectionAttention::Create(options, shard->config(), kMaxTokens, kChunk,
+                                              model->size());
+      if (!p.ok()) return p.status();
+      owned[rank] = *std::move(p);
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(made.ok()) << made;
+    for (auto& p : owned) ptrs.push_back(p.get());
+  }
+  ~Providers() {
+    model
+        ->RunOnRanks([&](int rank, CudaModel*) {
+          owned[rank].reset();
+          return absl::OkStatus();
+        })
+        .IgnoreError();
+  }
+  SelectionCacheCounters Counters(int rank) {
+    SelectionCacheCounters c;
+    const absl::Status read = model->RunOnRanks([&](int r, CudaModel* shard) -> absl::Status {
+      if (r != rank) return absl::OkStatus();
+      auto got = owned[r]->CacheCounters(shard->stream());
+      if (!got.ok()) return got.status();
+      c = *got;
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(read.ok()) << read;
+    return c;
+  }
+  TpCudaModel* model;
+  std::vector<std::unique_ptr<CudaSelectionAttention>> owned;
+  std::vector<CudaAttentionProvider*> ptrs;
+};
+
+TEST_P(StepGraphTest, ReplayedStepsEqualEagerOnes) {
+  const Case c = GetParam();
+  if (gpu_test::DeviceCount() < c.tp) GTEST_SKIP() << "needs " << c.tp << " GPUs";
+  PresetOptions preset;
+  preset.vocab_size = 2048;
+  auto config = PresetConfig("llama3-rope", preset);
+  ASSERT_TRUE(config.ok()) << config.status();
+  DummyWeightOptions dummy;
+  dummy.init = DummyInit::kHuggingFace;
+  dummy.seed = 11;
+  auto weights = LoadDummyWeights(*config, dummy);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  std::unique_ptr<TpCudaModel> models[2];  // 0: graphs, 1: eager
+  for (int eager = 0; eager < 2; ++eager) {
+    TpCudaModelOptions options;
+    options.tp_size = c.tp;
+    options.model.max_tokens = kMaxTokens;
+    options.model.max_chunk = kChunk;
+    options.model.max_batch = 4;
+    options.model.use_graphs = eager == 0;
+    options.model.step_graph_bucket = 24;
+    auto m = TpCudaModel::Create(*config, *weights, options);
+    ASSERT_TRUE(m.ok()) << m.status();
+    models[eager] = *std::move(m);
+  }
+  const SelectionOptions sel = gpu_test::SmallBudget(c.policy);  // budget 8 + 64 + 32
+  Providers providers[2] = {Providers(models[0].get(), sel), Providers(models[1].get(), sel)};
+  std::unique_ptr<TpSequence> seqs[2];
+  for (int i = 0; i < 2; ++i) {
+    auto s = models[i]->NewSequence(kMaxTokens);
+    ASSERT_TRUE(s.ok()) << s.status();
+    seqs[i] = *std::move(s);
+  }
+  // A prompt just under the budget, so that the first decode steps attend everything (no
+  // device lengths for the selecting policies) and the later ones select.
+  const std::vector<int32_t> prompt = gpu_test::Prompt(96, 7, config->vocab_size);
+  std::vector<float> logits[2];
+  for (int i = 0; i < 2; ++i) {
+    for (size_t begin = 0; begin < prompt.size(); begin += kChunk) {
+      const size_t len = std::min<size_t>(kChunk, prompt.size() - begin);
+      const absl::Status st = models[i]->Forward(
+          seqs[i].get(), absl::MakeConstSpan(prompt).subspan(begin, len), providers[i].ptrs,
+          &logits[i]);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+  }
+  ASSERT_EQ(logits[0], logits[1]);
+  int identical = 0;
+  const int steps = 120;  // lengths 96 .. 215: buckets of 24 crossed 5 times
+  for (int step = 0; step < steps; ++step) {
+    auto next = models[1]->GreedyToken();
+    ASSERT_TRUE(next.ok()) << next.status();
+    const int32_t token = *next;
+    for (int i = 0; i < 2; ++i) {
+      const absl::Status st = models[i]->Forward(seqs[i].get(), absl::MakeConstSpan(&token, 1),
+                                                 providers[i].ptrs, &logits[i]);
+      ASSERT_TRUE(st.ok()) << "step " << step << ": " << st;
+    }
+    identical += logits[0] == logits[1] ? 1 : 0;
+  }
+  EXPECT_EQ(identical, steps);
+  const CudaModel::StepGraphCounts graphs = models[0]->shard(0)->step_graph_counts();
+  const CudaModel::StepGraphCounts none = models[1]->shard(0)->step_graph_counts();
+  EXPECT_EQ(none.captures + none.replays, 0);
+  if (c.policy == SelectionPolicyKind::kQuest) {
+    EXPECT_EQ(graphs.replays, 0);  // host state per layer: always by segments
+  } else {
+    // Selecting from length 105 (dense and streaming from the start): a capture per bucket of
+    // 24 lengths on its second step, replays on the rest.
+    EXPECT_GE(graphs.captures, 4);
+    EXPECT_GE(graphs.replays, steps / 2);
+  }
+  for (int r = 0; r < c.tp; ++r) {
+    const SelectionStats& a = providers[0].owned[r]->stats();
+    const SelectionStats& b = providers[1].owned[r]->stats();
+    EXPECT_EQ(a.layer_steps, b.layer_steps) << "rank " << r;
+    EXPECT_EQ(a.decode_layer_steps, b.decode_layer_steps) << "rank " << r;
+    EXPECT_EQ(a.full_attention_steps, b.full_attention_steps) << "rank " << r;
+    EXPECT_EQ(a.attended_tokens, b.attended_tokens) << "rank " << r;
+    EXPECT_EQ(a.decode_attended_tokens, b.decode_attended_tokens) << "rank " << r;
+    EXPECT_EQ(a.candidates_scored, b.candidates_scored) << "rank " << r;
+    const SelectionCacheCounters ca = providers[0].Counters(r), cb = providers[1].Counters(r);
+    EXPECT_EQ(ca.hits, cb.hits) << "rank " << r;
+    EXPECT_EQ(ca.misses, cb.misses) << "rank " << r;
+    if (r == 0) {
+      std::printf("%s TP=%d: %d of %d decode steps bit-identical with whole-step graphs "
+                  "(%lld captures, %lld replays); attended %lld, cache %lld hits / %lld misses\n",
+                  std::string(PolicyName(c.policy)).c_str(), c.tp, identical, steps,
+                  static_cast<long long>(graphs.captures), static_cast<long long>(graphs.replays),
+                  static_cast<long long>(a.decode_attended_tokens),
+                  static_cast<long long>(ca.hits), static_cast<long long>(ca.misses));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, StepGraphTest,
+    testing::Values(Case{1, SelectionPolicyKind::kTokenSelect}, Case{1, SelectionPolicyKind::kTopK},
+                    Case{1, SelectionPolicyKind::kStreaming}, Case{1, SelectionPolicyKind::kDense},
+                    Case{1, SelectionPolicyKind::kQuest}, Case{2, SelectionPolicyKind::kTokenSelect},
+                    Case{2, SelectionPolicyKind::kDense}),
+    CaseName);
+
+}  // namespace
+}  // namespace tokenselect::engine
