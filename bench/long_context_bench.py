@@ -14,6 +14,7 @@ bandwidth floor of a decode step per GPU = (weight bytes + the KV bytes the poli
 
   long_context_bench.py --bin DIR --work DIR [--tokens 1048576] [--new 32] [--chunk 512]
                         [--jobs tp2-bf16,tp1-fp8] [--phases generate,bench] [--timeout S]
+                        [--one_gpu G] [--first_gpu G]
 """
 import argparse
 import os
@@ -119,6 +120,9 @@ def main():
     ap.add_argument("--phases", default="generate,bench",
                     help="generate (end to end, TokenSelect) and/or bench (bench_tp_cuda)")
     ap.add_argument("--one_gpu", default="2", help="the GPU of the one-GPU jobs (tp1-fp8)")
+    ap.add_argument("--first_gpu", type=int, default=0,
+                    help="added to the GPU numbers of the multi-GPU jobs (two runs side by side "
+                    "on a 4-GPU host: 0 and 2)")
     ap.add_argument("--timeout", type=float, default=0,
                     help="seconds a job may run before it is killed (0: no limit)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -130,11 +134,12 @@ def main():
     with open(os.path.join(a.work, "prompt.ids"), "w") as f:
         f.write(",".join(str(rng.randrange(5, 120000)) for _ in range(a.tokens)))
     bw = copy_bandwidth()
+    gpus = lambda n: ",".join(str(a.first_gpu + i) for i in range(n))
     jobs = {  # name: (GPUs, tp, kv dtype)
-        "tp2-bf16": ("0,1", 2, "bf16"),
+        "tp2-bf16": (gpus(2), 2, "bf16"),
         "tp1-fp8": (a.one_gpu, 1, "fp8"),
-        "tp4-bf16": ("0,1,2,3", 4, "bf16"),
-        "tp2-fp8": ("0,1", 2, "fp8"),
+        "tp4-bf16": (gpus(4), 4, "bf16"),
+        "tp2-fp8": (gpus(2), 2, "fp8"),
     }
     wanted = [j for j in a.jobs.split(",") if j]
     # Phase 1: end to end, TokenSelect. Phase 2: bench_tp_cuda dense + TokenSelect.
