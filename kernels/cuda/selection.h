@@ -18,9 +18,14 @@
 // logits/votes fp32, all accumulation in fp32. ScoreKeys runs on tensor cores for head_dim 128
 // and a query-head group of 4 (key_scores_mma.cu: the query split into 16-bit parts, ~fp32
 // accurate), else on CUDA cores (key_scores.cu; there FP8 logits equal, bit for bit, those of a
-// bf16 cache of the dequantized keys). The launchers take
-// a cudaStream_t, never synchronise, and return the first CUDA error (cudaErrorInvalidValue for
-// unsupported shapes: head_dim 64 or 128, group size 1, 2, 4 or 8).
+// bf16 cache of the dequantized keys). The launchers take a cudaStream_t, never synchronise, and
+// return the first CUDA error (cudaErrorInvalidValue for unsupported shapes: head_dim 64 or 128,
+// group size 1, 2, 4 or 8).
+//
+// Device lengths: ScoreKeys, VoteFromLogits and TopK take an optional `device_n`
+// (device_length.h); n is then a bound that sizes the grids and the kernels read the current
+// length, so that one captured CUDA graph serves a growing sequence (CudaModel's whole-step
+// decode graphs).
 #ifndef TOKENSELECT_KERNELS_CUDA_SELECTION_H_
 #define TOKENSELECT_KERNELS_CUDA_SELECTION_H_
 
