@@ -259,6 +259,17 @@ CudaAttentionQuery CudaModel::LayerQuery(int64_t layer, const StepRow& row) cons
   return query;
 }
 
+absl::Status CudaModel::ReserveAttentionWorkspace(size_t bytes, bool may_allocate) {
+  Device& d = *dev_;
+  if (bytes <= d.attention_workspace.bytes()) return absl::OkStatus();
+  if (!may_allocate) {
+    return absl::InternalError(absl::StrCat("CudaModel: attention workspace of ", bytes,
+                                            " bytes was not reserved before the step"));
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
+  return d.attention_workspace.Allocate(bytes);
+}
+
 // The row's provider, or full attention from the model's own per-row providers.
 absl::StatusOr<CudaAttentionProvider*> CudaModel::RowProvider(const StepRow& row) {
   if (row.attention != nullptr) return row.attention;
@@ -286,15 +297,9 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row, const int32
   // cudaFree waits for the other GPUs too, which may be waiting in an all-reduce for this rank's
   // next launch (a deadlock). Build reserves the largest workspace and every dense row instead.
   // Inside a whole-step graph capture nothing may be allocated either: PlanRows reserves.
-  const bool sharded = IsSharded(options_.tp);
-  auto reserve_workspace = [&](size_t bytes) -> absl::Status {
-    if (bytes <= d.attention_workspace.bytes()) return absl::OkStatus();
-    if (sharded || device_length != nullptr) {  // PlanRows reserved for device lengths
-      return absl::InternalError(absl::StrCat("CudaModel: attention workspace of ", bytes,
-                                              " bytes was not reserved before the step"));
-    }
-    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
-    return d.attention_workspace.Allocate(bytes);
+  const bool may_allocate = !IsSharded(options_.tp) && device_length == nullptr;
+  auto reserve_workspace = [&](size_t bytes) {
+    return ReserveAttentionWorkspace(bytes, may_allocate);
   };
   ASSIGN_OR_RETURN(CudaAttentionProvider * attention, RowProvider(row));
   CudaAttentionQuery query = LayerQuery(layer, row);

@@ -254,6 +254,10 @@ class CudaModel {
   absl::Status Attention(int64_t layer, const StepRow& row, const int32_t* device_length = nullptr,
                          int64_t bound = 0);
   CudaAttentionQuery LayerQuery(int64_t layer, const StepRow& row) const;
+  // Grows the attention workspace to `bytes` (after waiting for the stream). Where nothing may be
+  // allocated inside a step (!may_allocate: tensor parallelism, where Build reserved it, or a
+  // step on device lengths, which PlanRows reserved for) a shortfall is Internal.
+  absl::Status ReserveAttentionWorkspace(size_t bytes, bool may_allocate);
   absl::StatusOr<CudaAttentionProvider*> RowProvider(const StepRow& row);
   // How a step runs a row's attention: rows of one new token whose provider supports it take
   // their cache length from the device (copied in before the step) with a bound, in graphs and

@@ -24,7 +24,6 @@
 #include <cstdio>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/model/cuda_model.h"
 #include "engine/model/cuda_model_internal.h"
@@ -64,16 +63,11 @@ absl::StatusOr<std::vector<CudaModel::RowPlan>> CudaModel::PlanRows(
   // workspace of the longest list a row can reach (splits only grow with the length).
   if (d.tuned_attention) {
     const ModelConfig& c = config_;
-    const size_t bytes = kc::DecodeAttentionWorkspaceBytes(
-        1, c.num_heads, c.head_dim, kc::PlanDecodeSplits(1, c.num_kv_heads, max_bound + 1, d.num_sms));
-    if (bytes > d.attention_workspace.bytes()) {
-      if (IsSharded(options_.tp)) {
-        return absl::InternalError(absl::StrCat("CudaModel: attention workspace of ", bytes,
-                                                " bytes was not reserved at construction"));
-      }
-      RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
-      RETURN_IF_ERROR(d.attention_workspace.Allocate(bytes));
-    }
+    RETURN_IF_ERROR(ReserveAttentionWorkspace(
+        kc::DecodeAttentionWorkspaceBytes(
+            1, c.num_heads, c.head_dim,
+            kc::PlanDecodeSplits(1, c.num_kv_heads, max_bound + 1, d.num_sms)),
+        /*may_allocate=*/!IsSharded(options_.tp)));
   }
   // The lengths (a pageable copy: staged before the call returns).
   RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(d.row_lengths.as<void>(), lengths.data(),
@@ -89,7 +83,7 @@ absl::Status CudaModel::RunStepGraph(absl::Span<const StepRow> rows,
   const int64_t m = static_cast<int64_t>(rows.size());
   std::vector<Device::StepGraphRow> key;
   for (int64_t r = 0; r < m; ++r) {
-    if (plan[r].bound == 0 || rows[r].count != 1) return absl::OkStatus();
+    if (plan[r].bound == 0) return absl::OkStatus();  // PlanRows: bound > 0 only for count 1
     key.push_back(Device::StepGraphRow{rows[r].seq->id_, plan[r].provider->id(), plan[r].bound});
   }
   if (d.step_graph == nullptr || key != d.step_key) {

@@ -369,7 +369,7 @@ void CudaSelectionAttention::AccountReplay(const CudaAttentionQuery& query) {
   Account(query.cache_length, query.num_new);
 }
 
-int64_t CudaSelectionAttention::Account(int64_t n, int64_t m) {
+void CudaSelectionAttention::Account(int64_t n, int64_t m) {
   const SelectionOptions& o = options_;
   ++stats_.layer_steps;
   if (m == 1) ++stats_.decode_layer_steps;
@@ -385,7 +385,6 @@ int64_t CudaSelectionAttention::Account(int64_t n, int64_t m) {
   const int64_t bound = ListBound(o, n, m);
   stats_.attended_tokens += bound;
   if (m == 1) stats_.decode_attended_tokens += bound;
-  return bound;
 }
 
 // Quest: the selection query, the page bounds of the pages not yet complete (earlier pages never

@@ -94,9 +94,8 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   // Quest's selection into the provider's list buffers (indptr, indices, positions, q
   // positions, visibility).
   absl::Status SelectQuest(const CudaAttentionQuery& query);
-  // The statistics of one layer step of m new tokens after n cached ones; returns the bound on
-  // its list length.
-  int64_t Account(int64_t n, int64_t m);
+  // The statistics of one layer step of m new tokens after n cached ones.
+  void Account(int64_t n, int64_t m);
 
   const SelectionOptions options_;
   const ModelConfig config_;
