@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/parallel/rank_barrier.h"
+#include "kernels/cuda/cuda_status.h"
 
 namespace tokenselect::engine {
 namespace {
@@ -47,9 +49,19 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclTensorParallel>>> NcclTensorParal
   if (!made.ok()) return made;
   std::vector<std::unique_ptr<NcclTensorParallel>> group;
   auto barrier = std::make_shared<RankBarrier>(n);
+  std::shared_ptr<PeerAllReduceGroup> peer;
+  if (n > 1) {
+    auto made_peer = PeerAllReduceGroup::Create(devices);
+    if (made_peer.ok()) {
+      peer = *std::move(made_peer);
+    } else if (!absl::IsUnavailable(made_peer.status())) {
+      for (ncclComm_t comm : comms) ncclCommDestroy(comm);
+      return made_peer.status();
+    }
+  }
   for (int r = 0; r < n; ++r) {
-    group.push_back(
-        std::unique_ptr<NcclTensorParallel>(new NcclTensorParallel(comms[r], r, n, barrier)));
+    group.push_back(std::unique_ptr<NcclTensorParallel>(
+        new NcclTensorParallel(comms[r], r, n, barrier, peer)));
   }
   return group;
 }
@@ -63,6 +75,7 @@ absl::Status NcclTensorParallel::WaitForRanks() { return barrier_->Wait(); }
 
 void NcclTensorParallel::Abort() {
   barrier_->Abort();  // first: a rank waiting in the barrier holds no lock of this rank
+  if (peer_ != nullptr) peer_->Abort();  // ends the peer kernels' waits on every rank
   absl::MutexLock lock(&mu_);
   if (aborted_ || comm_ == nullptr) return;
   int device = -1;
@@ -89,14 +102,25 @@ absl::Status NcclTensorParallel::AllReduce(void* data, int64_t count, int type,
     if (!all_here.ok()) return all_here;
   }
   absl::MutexLock lock(&mu_);
+  const int64_t bytes = count * (type == ncclFloat64 ? 8 : 4);
+  const bool peer = UsesPeerMemory(bytes);
   if (Tracing()) {
-    std::fprintf(stderr, "[tp] rank %d all-reduce #%lld: %lld values\n", rank_,
-                 static_cast<long long>(calls_), static_cast<long long>(count));
+    std::fprintf(stderr, "[tp] rank %d all-reduce #%lld: %lld values (%s)\n", rank_,
+                 static_cast<long long>(calls_), static_cast<long long>(count),
+                 peer ? "peer" : "nccl");
   }
   ++calls_;
   if (aborted_) {
     return absl::FailedPreconditionError(
         absl::StrCat("ncclAllReduce: rank ", rank_, "'s communicator was aborted after an error"));
+  }
+  if (peer) {
+    const kernels::cuda::PeerAllReduceView& view = peer_->view(rank_);
+    const cudaError_t err =
+        type == ncclFloat64
+            ? kernels::cuda::PeerAllReduceSum(static_cast<double*>(data), count, view, stream)
+            : kernels::cuda::PeerAllReduceSum(static_cast<float*>(data), count, view, stream);
+    return kernels::cuda::CudaStatus(err, "peer all-reduce");
   }
   return NcclStatus(ncclAllReduce(data, data, static_cast<size_t>(count),
                                   static_cast<ncclDataType_t>(type), ncclSum, comm_, stream),

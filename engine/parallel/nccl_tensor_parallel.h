@@ -1,7 +1,9 @@
 // CudaTensorParallel (engine/model/cuda_attention.h) over NCCL: one communicator per rank of a
 // group of GPUs in this process, made together by ncclCommInitAll. AllReduceSum is one
 // ncclAllReduce (sum) on the caller's stream, so it can be captured in a CUDA graph; NCCL
-// returns the same reduced values on every rank. docs/parallel.md.
+// returns the same reduced values on every rank. Messages small enough for the group's
+// PeerAllReduceGroup (peer_all_reduce.h; GPUs with peer access) go through its kernel instead,
+// also one launch on the caller's stream with bitwise-equal sums on every rank. docs/parallel.md.
 //
 // Each rank's calls must come from a thread whose current device is that rank's device (the
 // rank threads of rank_threads.h); the ranks' calls must match in order and size, as NCCL
@@ -21,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/model/cuda_attention.h"
+#include "engine/parallel/peer_all_reduce.h"
 
 struct ncclComm;  // nccl.h's ncclComm_t is a ncclComm*; the header stays free of nccl.h
 
@@ -43,11 +46,13 @@ class NcclTensorParallel : public CudaTensorParallel {
   int size() const override { return size_; }
   absl::Status AllReduceSum(float* data, int64_t count, cudaStream_t stream) override;
   absl::Status AllReduceSum(double* data, int64_t count, cudaStream_t stream) override;
+  // Whether an all-reduce of `bytes` goes through the peer-memory kernel rather than NCCL.
+  bool UsesPeerMemory(int64_t bytes) const { return peer_ != nullptr && peer_->Takes(bytes); }
   // A host barrier over the group's ranks (CudaTensorParallel::WaitForRanks).
   absl::Status WaitForRanks() override;
 
-  // ncclCommAbort: the rank's unfinished collectives end (their kernels stop waiting for the
-  // other ranks), the group's barrier releases its waiters, and every later call fails with
+  // ncclCommAbort (and PeerAllReduceGroup::Abort): the rank's unfinished collectives end (their
+  // kernels stop waiting for the other ranks), the group's barrier releases its waiters, and every later call fails with
   // FailedPrecondition. For a group in which one
   // rank failed in the middle of a step while the others wait for it in a collective; callable
   // from any thread, also while the rank's own thread enqueues (a mutex orders the two).
@@ -58,8 +63,9 @@ class NcclTensorParallel : public CudaTensorParallel {
   static bool Tracing();
 
  private:
-  NcclTensorParallel(::ncclComm* comm, int rank, int size, std::shared_ptr<RankBarrier> barrier)
-      : comm_(comm), rank_(rank), size_(size), barrier_(std::move(barrier)) {}
+  NcclTensorParallel(::ncclComm* comm, int rank, int size, std::shared_ptr<RankBarrier> barrier,
+                     std::shared_ptr<PeerAllReduceGroup> peer)
+      : comm_(comm), rank_(rank), size_(size), barrier_(std::move(barrier)), peer_(std::move(peer)) {}
   absl::Status AllReduce(void* data, int64_t count, int type, cudaStream_t stream);
 
   absl::Mutex mu_;
@@ -69,6 +75,7 @@ class NcclTensorParallel : public CudaTensorParallel {
   const int rank_;
   const int size_;
   const std::shared_ptr<RankBarrier> barrier_;  // shared by the group's ranks
+  const std::shared_ptr<PeerAllReduceGroup> peer_;  // shared; null: NCCL only
 };
 
 }  // namespace tokenselect::engine

@@ -1,0 +1,61 @@
+// The buffers of a peer-memory all-reduce group (kernels/cuda/peer_all_reduce.h): per GPU a
+// receive area (2 parities x one slot per rank), a flag array and the blocks' epoch counters,
+// plus one host-mapped abort word shared by the group. NcclTensorParallel sends a collective
+// here instead of to NCCL when its message fits (docs/parallel.md; bench_allreduce_cuda on
+// 2 x H200: 4 MiB, the soft vote over 1M tokens, 19.7 us against NCCL's 32.3; 8 MiB, a
+// 512-token chunk's residual, 33.3 against 45.6; 16 KiB the same, ~6.8 us). With 2 ranks a sum
+// of two values does not depend on the order, so the results are bitwise NCCL's.
+//
+// Environment: TS_TP_ALLREDUCE=nccl sends everything to NCCL (for comparisons);
+// TS_TP_PEER_MAX_BYTES=N caps the bytes one call pushes to its peers, message bytes x (ranks -
+// 1). Default: 8 MiB on 2 GPUs; on more GPUs the group is off (on 4 x H200 it was no faster
+// than NCCL for small messages and slower from 256 KiB, and its rank-order sums differ from
+// NCCL's ring in the last bits, which changes near-tie selections against earlier runs).
+#ifndef TOKENSELECT_ENGINE_PARALLEL_PEER_ALL_REDUCE_H_
+#define TOKENSELECT_ENGINE_PARALLEL_PEER_ALL_REDUCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/peer_all_reduce.h"
+
+namespace tokenselect::engine {
+
+class PeerAllReduceGroup {
+ public:
+  static constexpr int64_t kDefaultMaxPushBytes = int64_t{8} << 20;
+
+  // Buffers on every device of `devices` (rank order), peer access enabled between every
+  // pair. max_push_bytes: see above (<= 0: the environment's or the default). Unavailable
+  // when some pair of devices cannot reach each other's memory, there are fewer than 2 or
+  // more than kPeerMaxRanks devices, TS_TP_ALLREDUCE=nccl, or the limit is 0; ResourceExhausted
+  // when an allocation fails (everything made so far is freed).
+  static absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> Create(
+      const std::vector<int>& devices, int64_t max_push_bytes = 0);
+  ~PeerAllReduceGroup();  // frees every device's buffers: only after the group's last call ran
+  PeerAllReduceGroup(const PeerAllReduceGroup&) = delete;
+  PeerAllReduceGroup& operator=(const PeerAllReduceGroup&) = delete;
+
+  int size() const { return static_cast<int>(devices_.size()); }
+  const kernels::cuda::PeerAllReduceView& view(int rank) const { return views_[rank]; }
+  // Whether a message of `bytes` goes through this group.
+  bool Takes(int64_t bytes) const { return bytes <= slot_bytes_; }
+  // Ends every wait of a call in flight or to come (their results are undefined): for tearing
+  // a group down after one rank failed. Callable from any thread.
+  void Abort();
+
+ private:
+  PeerAllReduceGroup() = default;
+
+  std::vector<int> devices_;
+  std::vector<void*> buffers_;  // per rank: receive area, then flags, then epochs
+  std::vector<kernels::cuda::PeerAllReduceView> views_;
+  int64_t slot_bytes_ = 0;
+  volatile int* abort_ = nullptr;  // pinned, mapped host memory
+};
+
+}  // namespace tokenselect::engine
+
+#endif  // TOKENSELECT_ENGINE_PARALLEL_PEER_ALL_REDUCE_H_
