@@ -1,14 +1,11 @@
 // decode_worker: serves tokenselect.v1.DecodeWorker (decode_worker.h) until SIGINT/SIGTERM, then
 // drains: new requests are refused, running ones get --drain_timeout_ms to finish.
-#include <pthread.h>
 #include <signal.h>
 
-#include <cstdio>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics/metrics_server.h"
 #include "common/metrics/tokenselect_metrics.h"
@@ -25,23 +22,13 @@ ABSL_FLAG(int64_t, lease_timeout_ms, 30000,
 ABSL_FLAG(int64_t, max_running, 256, "requests admitted at once (running + waiting for KV)");
 
 int main(int argc, char** argv) {
-  auto args = tokenselect::common::ParseFlags(
-      argc, argv, "decode_worker --model DIR [--port N] [--device cpu|cuda --gpu N] [--kv_pages N] [--page_size N]");
-  if (!args.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(args.status().message()).c_str());
-    return 2;
-  }
-  auto flags = tokenselect::wire::WorkerFlagsFromFlags();
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  // Signals are taken by sigwait below: block them in every thread the server starts.
   sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto flags = tokenselect::wire::StartWorkerMain(
+      argc, argv,
+      "decode_worker --model DIR [--port N] [--device cpu|cuda --gpu N] [--kv_pages N] "
+      "[--page_size N]",
+      &signals);
+  if (!flags.ok()) return 2;
 
   tokenselect::decode_worker::DecodeWorkerOptions options;
   options.model_dir = flags->model_dir;
@@ -64,9 +51,7 @@ int main(int argc, char** argv) {
     TS_LOG(ERROR, "decode worker failed to start: {}", worker.status().ToString());
     return 1;
   }
-  int signal = 0;
-  sigwait(&signals, &signal);
-  TS_LOG(INFO, "decode worker: signal {}, draining", signal);
+  tokenselect::wire::WaitForTermination(signals, "decode worker");
   (*worker)->Shutdown(flags->drain_timeout);
   return 0;
 }

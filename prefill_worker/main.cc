@@ -1,14 +1,11 @@
 // prefill_worker: serves tokenselect.v1.PrefillWorker (prefill_worker.h) until SIGINT/SIGTERM, then
 // drains: new requests are refused, running ones get --drain_timeout_ms to finish.
-#include <pthread.h>
 #include <signal.h>
 
-#include <cstdio>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics/metrics_server.h"
 #include "common/metrics/tokenselect_metrics.h"
@@ -34,23 +31,13 @@ ABSL_FLAG(std::string, kv_tls_server_name, "",
           "name checked against decode worker certificates instead of their addresses");
 
 int main(int argc, char** argv) {
-  auto args = tokenselect::common::ParseFlags(
-      argc, argv, "prefill_worker --model DIR [--port N] [--device cpu|cuda --gpu N] [--kv_pages N] [--page_size N]");
-  if (!args.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(args.status().message()).c_str());
-    return 2;
-  }
-  auto flags = tokenselect::wire::WorkerFlagsFromFlags();
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
-    return 2;
-  }
-  // Signals are taken by sigwait below: block them in every thread the server starts.
   sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto flags = tokenselect::wire::StartWorkerMain(
+      argc, argv,
+      "prefill_worker --model DIR [--port N] [--device cpu|cuda --gpu N] [--kv_pages N] "
+      "[--page_size N]",
+      &signals);
+  if (!flags.ok()) return 2;
 
   tokenselect::prefill_worker::PrefillWorkerOptions options;
   options.model_dir = flags->model_dir;
@@ -86,9 +73,7 @@ int main(int argc, char** argv) {
     TS_LOG(ERROR, "prefill worker failed to start: {}", worker.status().ToString());
     return 1;
   }
-  int signal = 0;
-  sigwait(&signals, &signal);
-  TS_LOG(INFO, "prefill worker: signal {}, draining", signal);
+  tokenselect::wire::WaitForTermination(signals, "prefill worker");
   (*worker)->Shutdown(flags->drain_timeout);
   return 0;
 }

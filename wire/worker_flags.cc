@@ -1,9 +1,15 @@
 #include "wire/worker_flags.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "common/flags.h"
+#include "common/logging.h"
 #include "common/status.h"
 
 ABSL_FLAG(std::string, model, "", "model directory (config.json, *.safetensors, tokenizer.json)");
@@ -72,6 +78,33 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromFlags() {
   f.setup.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   f.setup.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   return f;
+}
+
+absl::StatusOr<WorkerFlags> StartWorkerMain(int argc, char** argv, const char* usage,
+                                            sigset_t* signals) {
+  absl::StatusOr<WorkerFlags> flags;
+  const auto args = common::ParseFlags(argc, argv, usage);
+  if (!args.ok()) {
+    flags = args.status();
+  } else {
+    flags = WorkerFlagsFromFlags();
+  }
+  if (!flags.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
+    return flags;
+  }
+  // Signals are taken by sigwait (WaitForTermination): blocked in every thread the server starts.
+  sigemptyset(signals);
+  sigaddset(signals, SIGINT);
+  sigaddset(signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, signals, nullptr);
+  return flags;
+}
+
+void WaitForTermination(const sigset_t& signals, const char* who) {
+  int signal = 0;
+  sigwait(&signals, &signal);
+  TS_LOG(INFO, "{}: signal {}, draining", who, signal);
 }
 
 }  // namespace tokenselect::wire

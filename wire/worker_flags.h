@@ -7,6 +7,8 @@
 #ifndef TOKENSELECT_WIRE_WORKER_FLAGS_H_
 #define TOKENSELECT_WIRE_WORKER_FLAGS_H_
 
+#include <signal.h>
+
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -30,6 +32,16 @@ struct WorkerFlags {
 // The flags' values; InvalidArgument naming the flag for a missing --model or a bad device / KV
 // capacity flag (ValidateWorkerBackendOptions).
 absl::StatusOr<WorkerFlags> WorkerFlagsFromFlags();
+
+// The first lines of both worker mains: parses the command line (`usage` for --help), reads the
+// shared flags, and blocks SIGINT and SIGTERM in this thread and every thread started after it
+// (*signals: the set, for WaitForTermination). On bad flags it prints the message to stderr and
+// returns the error (the main exits with 2).
+absl::StatusOr<WorkerFlags> StartWorkerMain(int argc, char** argv, const char* usage,
+                                            sigset_t* signals);
+
+// Waits for one of `signals` (blocked by StartWorkerMain) and logs it as `who`'s.
+void WaitForTermination(const sigset_t& signals, const char* who);
 
 }  // namespace tokenselect::wire
 
