@@ -47,6 +47,13 @@ class CudaTensorParallel {
   // Internal naming the collective's error.
   virtual absl::Status AllReduceSum(float* data, int64_t count, cudaStream_t stream) = 0;
   virtual absl::Status AllReduceSum(double* data, int64_t count, cudaStream_t stream) = 0;
+  // The same, except that an implementation may leave the values alone when *skip != 0
+  // (device memory, equal on every rank): for sums whose result is then unused, as the votes
+  // on a selection-cache hit. The default always sums.
+  virtual absl::Status AllReduceSumUnless(float* data, int64_t count, const int32_t* skip,
+                                          cudaStream_t stream) {
+    return AllReduceSum(data, count, stream);
+  }
   // Returns once every rank's thread has called it (as often): call it before launching a CUDA
   // graph that holds collectives. AllReduceSum does the same itself outside graph capture.
   // With several GPUs in one process, a CUDA memory operation (an allocation, a module load)

@@ -87,7 +87,7 @@ void NcclTensorParallel::Abort() {
 }
 
 absl::Status NcclTensorParallel::AllReduce(void* data, int64_t count, int type,
-                                           cudaStream_t stream) {
+                                           cudaStream_t stream, const int32_t* skip) {
   if (count < 0) return absl::InvalidArgumentError("AllReduceSum: negative count");
   if (count == 0) return absl::OkStatus();
   // Outside graph capture the collective is launched now: only once every rank got here
@@ -118,8 +118,10 @@ absl::Status NcclTensorParallel::AllReduce(void* data, int64_t count, int type,
     const kernels::cuda::PeerAllReduceView& view = peer_->view(rank_);
     const cudaError_t err =
         type == ncclFloat64
-            ? kernels::cuda::PeerAllReduceSum(static_cast<double*>(data), count, view, stream)
-            : kernels::cuda::PeerAllReduceSum(static_cast<float*>(data), count, view, stream);
+            ? kernels::cuda::PeerAllReduceSum(static_cast<double*>(data), count, view, stream,
+                                              skip)
+            : kernels::cuda::PeerAllReduceSum(static_cast<float*>(data), count, view, stream,
+                                              skip);
     return kernels::cuda::CudaStatus(err, "peer all-reduce");
   }
   return NcclStatus(ncclAllReduce(data, data, static_cast<size_t>(count),
@@ -133,6 +135,11 @@ absl::Status NcclTensorParallel::AllReduceSum(float* data, int64_t count, cudaSt
 
 absl::Status NcclTensorParallel::AllReduceSum(double* data, int64_t count, cudaStream_t stream) {
   return AllReduce(data, count, ncclFloat64, stream);
+}
+
+absl::Status NcclTensorParallel::AllReduceSumUnless(float* data, int64_t count,
+                                                    const int32_t* skip, cudaStream_t stream) {
+  return AllReduce(data, count, ncclFloat32, stream, skip);
 }
 
 }  // namespace tokenselect::engine

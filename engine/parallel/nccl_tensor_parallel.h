@@ -46,6 +46,9 @@ class NcclTensorParallel : public CudaTensorParallel {
   int size() const override { return size_; }
   absl::Status AllReduceSum(float* data, int64_t count, cudaStream_t stream) override;
   absl::Status AllReduceSum(double* data, int64_t count, cudaStream_t stream) override;
+  // Skips only on the peer-memory path (NCCL has no device-side condition).
+  absl::Status AllReduceSumUnless(float* data, int64_t count, const int32_t* skip,
+                                  cudaStream_t stream) override;
   // Whether an all-reduce of `bytes` goes through the peer-memory kernel rather than NCCL.
   bool UsesPeerMemory(int64_t bytes) const { return peer_ != nullptr && peer_->Takes(bytes); }
   // A host barrier over the group's ranks (CudaTensorParallel::WaitForRanks).
@@ -66,7 +69,8 @@ class NcclTensorParallel : public CudaTensorParallel {
   NcclTensorParallel(::ncclComm* comm, int rank, int size, std::shared_ptr<RankBarrier> barrier,
                      std::shared_ptr<PeerAllReduceGroup> peer)
       : comm_(comm), rank_(rank), size_(size), barrier_(std::move(barrier)), peer_(std::move(peer)) {}
-  absl::Status AllReduce(void* data, int64_t count, int type, cudaStream_t stream);
+  absl::Status AllReduce(void* data, int64_t count, int type, cudaStream_t stream,
+                         const int32_t* skip = nullptr);
 
   absl::Mutex mu_;
   ::ncclComm* comm_ ABSL_GUARDED_BY(mu_);  // ncclComm_t

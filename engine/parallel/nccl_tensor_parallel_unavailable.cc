@@ -21,7 +21,7 @@ absl::Status NcclTensorParallel::WaitForRanks() {
 
 bool NcclTensorParallel::Tracing() { return false; }
 
-absl::Status NcclTensorParallel::AllReduce(void*, int64_t, int, cudaStream_t) {
+absl::Status NcclTensorParallel::AllReduce(void*, int64_t, int, cudaStream_t, const int32_t*) {
   return absl::FailedPreconditionError("this build has no NCCL");
 }
 
@@ -30,6 +30,11 @@ absl::Status NcclTensorParallel::AllReduceSum(float* data, int64_t count, cudaSt
 }
 
 absl::Status NcclTensorParallel::AllReduceSum(double* data, int64_t count, cudaStream_t stream) {
+  return AllReduce(data, count, 0, stream);
+}
+
+absl::Status NcclTensorParallel::AllReduceSumUnless(float* data, int64_t count,
+                                                    const int32_t* /*skip*/, cudaStream_t stream) {
   return AllReduce(data, count, 0, stream);
 }
 

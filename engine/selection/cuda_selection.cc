@@ -321,8 +321,9 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       RETURN_IF_ERROR(CudaStatus(kc::VoteFromLogits(vp, s), "VoteFromLogits"));
       // Votes (and summed logits) are sums over heads: add the other ranks' heads. On a cache
       // hit the votes are stale and the sum unused (TopK skips), but every rank still makes
-      // the call, since the hit flag is on the device and collectives must match.
-      if (tp != nullptr) RETURN_IF_ERROR(tp->AllReduceSum(d.vote, candidates, s));
+      // the call, since the hit flag is on the device and collectives must match; the
+      // peer-memory all-reduce reads the flag (the same on every rank) and moves nothing.
+      if (tp != nullptr) RETURN_IF_ERROR(tp->AllReduceSumUnless(d.vote, candidates, skip, s));
       kc::TopKParams tp;
       tp.out = picks;
       tp.scores = d.vote;

@@ -94,7 +94,8 @@ __device__ __forceinline__ void SumInto(U* data, int64_t begin, int64_t end,
 
 template <typename T>
 __global__ void __launch_bounds__(kPeerThreads)
-    PeerAllReduceKernel(T* data, int64_t count, PeerAllReduceView v) {
+    PeerAllReduceKernel(T* data, int64_t count, PeerAllReduceView v, const int32_t* skip) {
+  if (skip != nullptr && *skip != 0) return;  // on every rank alike: epochs stay in step
   using V = typename Vec<T>::Type;
   constexpr int kPerVec = sizeof(V) / sizeof(T);
   __shared__ uint32_t s_epoch;
@@ -151,13 +152,14 @@ __global__ void __launch_bounds__(kPeerThreads)
 }
 
 template <typename T>
-cudaError_t Launch(T* data, int64_t count, const PeerAllReduceView& view, cudaStream_t stream) {
+cudaError_t Launch(T* data, int64_t count, const PeerAllReduceView& view, cudaStream_t stream,
+                   const int32_t* skip) {
   if (count < 0 || view.size < 1 || view.size > kPeerMaxRanks || view.rank < 0 ||
       view.rank >= view.size || view.slot_bytes % 16 != 0 ||
       count > view.slot_bytes / static_cast<int64_t>(sizeof(T))) {
     return cudaErrorInvalidValue;
   }
-  PeerAllReduceKernel<T><<<kPeerBlocks, kPeerThreads, 0, stream>>>(data, count, view);
+  PeerAllReduceKernel<T><<<kPeerBlocks, kPeerThreads, 0, stream>>>(data, count, view, skip);
   return cudaGetLastError();
 }
 
@@ -170,13 +172,13 @@ cudaError_t PeerAllReducePrepare() {
 }
 
 cudaError_t PeerAllReduceSum(float* data, int64_t count, const PeerAllReduceView& view,
-                             cudaStream_t stream) {
-  return Launch(data, count, view, stream);
+                             cudaStream_t stream, const int32_t* skip) {
+  return Launch(data, count, view, stream, skip);
 }
 
 cudaError_t PeerAllReduceSum(double* data, int64_t count, const PeerAllReduceView& view,
-                             cudaStream_t stream) {
-  return Launch(data, count, view, stream);
+                             cudaStream_t stream, const int32_t* skip) {
+  return Launch(data, count, view, stream, skip);
 }
 
 }  // namespace tokenselect::kernels::cuda

@@ -61,12 +61,15 @@ struct PeerAllReduceView {
 cudaError_t PeerAllReducePrepare();
 
 // Sums `count` values of `data` (this rank's device memory) over the view's ranks, in place.
-// cudaErrorInvalidValue when count * sizeof(T) exceeds slot_bytes, count < 0, or the view's
-// rank/size are out of range; otherwise the launch's error.
+// `skip` (optional, device memory): when *skip != 0 the call does nothing at all, as if it had
+// not been made; it must then be set on every rank alike (a flag every rank computes from the
+// same values, as the selection cache's hit). cudaErrorInvalidValue when count * sizeof(T)
+// exceeds slot_bytes, count < 0, or the view's rank/size are out of range; otherwise the
+// launch's error.
 cudaError_t PeerAllReduceSum(float* data, int64_t count, const PeerAllReduceView& view,
-                             cudaStream_t stream);
+                             cudaStream_t stream, const int32_t* skip = nullptr);
 cudaError_t PeerAllReduceSum(double* data, int64_t count, const PeerAllReduceView& view,
-                             cudaStream_t stream);
+                             cudaStream_t stream, const int32_t* skip = nullptr);
 
 }  // namespace tokenselect::kernels::cuda
 

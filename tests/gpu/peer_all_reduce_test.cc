@@ -2,7 +2,7 @@
 // on 2 and 4 GPUs: sums equal to the host's rank-order sums bit for bit on every rank, for odd
 // sizes, unaligned pointers, doubles, many calls in flight without a host sync (ranks started
 // out of step), CUDA-graph replays with changing inputs, and an abort that ends a wait for a rank
-// that never comes. Skips when fewer GPUs are present or they cannot reach each other.
+// that never comes, calls skipped by a device flag. Skips when fewer GPUs are present or they cannot reach each other.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -213,6 +213,55 @@ TEST_P(PeerAllReduceTest, GraphReplaysWithChangingInputs) {
     cudaStreamDestroy(s);
   });
   for (int r = 0; r < n_; ++r) EXPECT_EQ(bad[r], 0) << "rank " << r << ": wrong sums";
+}
+
+// A call skipped on every rank (the device flag set) leaves the values alone and the calls
+// after it in step; calls alternate skipped and summed, several in flight.
+TEST_P(PeerAllReduceTest, SkippedCallsChangeNothing) {
+  constexpr int64_t kCount = 50000;
+  constexpr int kCalls = 8;
+  std::vector<std::vector<std::vector<float>>> got(n_, std::vector<std::vector<float>>(kCalls));
+  RankBarrier allocated(n_);
+  OnRanks(n_, [&](int r) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    int32_t* flags = nullptr;  // [0] = 0, [1] = 1
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&flags), 8));
+    const int32_t host_flags[2] = {0, 1};
+    CUDA_OK(cudaMemcpy(flags, host_flags, 8, cudaMemcpyHostToDevice));
+    std::vector<float*> data(kCalls);
+    for (int c = 0; c < kCalls; ++c) {
+      std::vector<float> host(kCount);
+      for (int64_t i = 0; i < kCount; ++i) host[i] = Input<float>(c, r, i);
+      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&data[c]), kCount * 4));
+      CUDA_OK(cudaMemcpy(data[c], host.data(), kCount * 4, cudaMemcpyHostToDevice));
+    }
+    ASSERT_TRUE(allocated.Wait().ok());
+    for (int c = 0; c < kCalls; ++c) {
+      ASSERT_EQ(PeerAllReduceSum(data[c], kCount, group_->view(r), s, flags + (c % 2)),
+                cudaSuccess);
+    }
+    CUDA_OK(cudaStreamSynchronize(s));
+    for (int c = 0; c < kCalls; ++c) {
+      got[r][c].resize(kCount);
+      CUDA_OK(cudaMemcpy(got[r][c].data(), data[c], kCount * 4, cudaMemcpyDeviceToHost));
+      cudaFree(data[c]);
+    }
+    cudaFree(flags);
+    cudaStreamDestroy(s);
+  });
+  for (int c = 0; c < kCalls; ++c) {
+    for (int r = 0; r < n_; ++r) {
+      std::vector<float> want(kCount);
+      if (c % 2 == 0) {
+        want = Expected<float>(c, n_, kCount);
+      } else {
+        for (int64_t i = 0; i < kCount; ++i) want[i] = Input<float>(c, r, i);
+      }
+      EXPECT_EQ(std::memcmp(got[r][c].data(), want.data(), kCount * 4), 0)
+          << "call " << c << (c % 2 ? " (skipped)" : "") << " rank " << r;
+    }
+  }
 }
 
 TEST_P(PeerAllReduceTest, AbortEndsTheWaitForARankThatNeverComes) {
