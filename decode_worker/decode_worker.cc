@@ -2,17 +2,12 @@
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/ids.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "decode_worker/decode_service.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "rpc/channels.h"
+#include "wire/worker_setup.h"
 
 namespace tokenselect::decode_worker {
 
@@ -48,20 +43,13 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> StartDecodeWorker(
   service_options.address = [raw] { return raw->address(); };
   w->service_ = NewDecodeService(w->engine_.get(), std::move(service_options));
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(
-      options.listen_address,
-      options.credentials ? options.credentials : grpc::InsecureServerCredentials(), &w->port_);
-  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-  builder.RegisterService(w->service_.get());
-  w->server_ = builder.BuildAndStart();
-  if (w->server_ == nullptr || w->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("decode worker: cannot listen on ", options.listen_address));
-  }
-  w->address_ = rpc::DialTarget(options.listen_address, w->port_);
+  ASSIGN_OR_RETURN(
+      wire::WorkerServer server,
+      wire::StartWorkerServer("decode worker", options.listen_address, options.credentials,
+                              options.max_receive_message_bytes, w->service_.get()));
+  w->server_ = std::move(server.server);
+  w->port_ = server.port;
+  w->address_ = std::move(server.address);
   TS_LOG(INFO, "decode worker {} listening on {} ({})", w->worker_id_, w->address_,
          w->backend_->Describe());
   return w;

@@ -8,13 +8,10 @@
 #include "common/ids.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "prefill_worker/kv_push_service.h"
 #include "prefill_worker/metered_kv_transport.h"
 #include "prefill_worker/prefill_service.h"
-#include "rpc/channels.h"
+#include "wire/worker_setup.h"
 
 namespace tokenselect::prefill_worker {
 
@@ -61,20 +58,13 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> StartPrefillWorker(
   w->service_ = NewPrefillService(w->engine_.get(),
                                   PrefillServiceOptions{options.default_selection, w->worker_id_});
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(
-      options.listen_address,
-      options.credentials ? options.credentials : grpc::InsecureServerCredentials(), &w->port_);
-  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-  builder.RegisterService(w->service_.get());
-  w->server_ = builder.BuildAndStart();
-  if (w->server_ == nullptr || w->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("prefill worker: cannot listen on ", options.listen_address));
-  }
-  w->address_ = rpc::DialTarget(options.listen_address, w->port_);
+  ASSIGN_OR_RETURN(
+      wire::WorkerServer server,
+      wire::StartWorkerServer("prefill worker", options.listen_address, options.credentials,
+                              options.max_receive_message_bytes, w->service_.get()));
+  w->server_ = std::move(server.server);
+  w->port_ = server.port;
+  w->address_ = std::move(server.address);
   TS_LOG(INFO, "prefill worker {} listening on {} ({}; KV transport {})", w->worker_id_,
          w->address_, w->backend_->Describe(), options.transport_kind);
   return w;

@@ -2,7 +2,13 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 #include "common/status.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "rpc/channels.h"
 #include "wire/selection_flags.h"
 
 namespace tokenselect::wire {
@@ -36,6 +42,28 @@ absl::StatusOr<WorkerSetup> SetUpWorker(const WorkerSetupOptions& options) {
 
 int SetupExitCode(const absl::Status& status) {
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+absl::StatusOr<WorkerServer> StartWorkerServer(absl::string_view who,
+                                               const std::string& listen_address,
+                                               std::shared_ptr<grpc::ServerCredentials> credentials,
+                                               int max_receive_message_bytes,
+                                               grpc::Service* service) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  WorkerServer started;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen_address,
+                           credentials ? credentials : grpc::InsecureServerCredentials(),
+                           &started.port);
+  builder.SetMaxReceiveMessageSize(max_receive_message_bytes);
+  builder.RegisterService(service);
+  started.server = builder.BuildAndStart();
+  if (started.server == nullptr || started.port == 0) {
+    return absl::UnavailableError(absl::StrCat(who, ": cannot listen on ", listen_address));
+  }
+  started.address = rpc::DialTarget(listen_address, started.port);
+  return started;
 }
 
 }  // namespace tokenselect::wire

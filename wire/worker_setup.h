@@ -1,7 +1,8 @@
 // The start-up both worker binaries share, from their flag values: server credentials for the
-// --tls_* flags, the default selection (--selection_*, selection_flags.h) and the optional
-// /metrics endpoint. The values come in as options: the worker binaries read them from the flags
-// of worker_flags.h (the CLI's `serve`, which links both workers, has flags of its own).
+// --tls_* flags, the default selection (--selection_*, selection_flags.h) and the optional /metrics
+// endpoint; and the start of their gRPC servers. The values come in as options: the worker binaries
+// read them from the flags of worker_flags.h (the CLI's `serve`, which links both workers, has
+// flags of its own).
 #ifndef TOKENSELECT_WIRE_WORKER_SETUP_H_
 #define TOKENSELECT_WIRE_WORKER_SETUP_H_
 
@@ -11,7 +12,9 @@
 #include "absl/status/statusor.h"
 #include "common/metrics/metrics_server.h"
 #include "engine/selection/selection_options.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
 #include "rpc/credentials.h"
 
 namespace tokenselect::wire {
@@ -36,6 +39,20 @@ absl::StatusOr<WorkerSetup> SetUpWorker(const WorkerSetupOptions& options);
 
 // The exit code a worker main returns for a failed SetUpWorker: 2 for bad flags, 1 otherwise.
 int SetupExitCode(const absl::Status& status);
+
+// A worker's gRPC server, started: health checking and reflection on, `service` registered on
+// `listen_address` (null credentials: plaintext), messages up to max_receive_message_bytes.
+// Unavailable "<who>: cannot listen on <address>" when the address cannot be bound.
+struct WorkerServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;          // the bound port (the one picked for port 0)
+  std::string address;   // what clients dial (rpc::DialTarget)
+};
+absl::StatusOr<WorkerServer> StartWorkerServer(absl::string_view who,
+                                               const std::string& listen_address,
+                                               std::shared_ptr<grpc::ServerCredentials> credentials,
+                                               int max_receive_message_bytes,
+                                               grpc::Service* service);
 
 }  // namespace tokenselect::wire
 

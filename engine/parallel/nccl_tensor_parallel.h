@@ -55,10 +55,10 @@ class NcclTensorParallel : public CudaTensorParallel {
   absl::Status WaitForRanks() override;
 
   // ncclCommAbort (and PeerAllReduceGroup::Abort): the rank's unfinished collectives end (their
-  // kernels stop waiting for the other ranks), the group's barrier releases its waiters, and every later call fails with
-  // FailedPrecondition. For a group in which one
-  // rank failed in the middle of a step while the others wait for it in a collective; callable
-  // from any thread, also while the rank's own thread enqueues (a mutex orders the two).
+  // kernels stop waiting for the other ranks), the group's barrier releases its waiters, and every
+  // later call fails with FailedPrecondition. For a group in which one rank failed in the middle of
+  // a step while the others wait for it in a collective; callable from any thread, also while the
+  // rank's own thread enqueues (a mutex orders the two).
   void Abort();
 
   // TS_TP_TRACE=1 in the environment: every all-reduce is logged to stderr with the rank and
@@ -68,7 +68,11 @@ class NcclTensorParallel : public CudaTensorParallel {
  private:
   NcclTensorParallel(::ncclComm* comm, int rank, int size, std::shared_ptr<RankBarrier> barrier,
                      std::shared_ptr<PeerAllReduceGroup> peer)
-      : comm_(comm), rank_(rank), size_(size), barrier_(std::move(barrier)), peer_(std::move(peer)) {}
+      : comm_(comm),
+        rank_(rank),
+        size_(size),
+        barrier_(std::move(barrier)),
+        peer_(std::move(peer)) {}
   absl::Status AllReduce(void* data, int64_t count, int type, cudaStream_t stream,
                          const int32_t* skip = nullptr);
 

@@ -1,8 +1,9 @@
-// The peer-memory all-reduce (kernels/cuda/peer_all_reduce.h, engine/parallel/peer_all_reduce.h)
-// on 2 and 4 GPUs: sums equal to the host's rank-order sums bit for bit on every rank, for odd
-// sizes, unaligned pointers, doubles, many calls in flight without a host sync (ranks started
-// out of step), CUDA-graph replays with changing inputs, and an abort that ends a wait for a rank
-// that never comes, calls skipped by a device flag. Skips when fewer GPUs are present or they cannot reach each other.
+// The peer-memory all-reduce (kernels/cuda/peer_all_reduce.h, engine/parallel/peer_all_reduce.h) on
+// 2 and 4 GPUs: sums equal to the host's rank-order sums bit for bit on every rank, for odd sizes,
+// unaligned pointers, doubles, many calls in flight without a host sync (ranks started out of
+// step), CUDA-graph replays with changing inputs, calls skipped by a device flag, and an abort that
+// ends a wait for a rank that never comes. Skips when fewer GPUs are present or they cannot reach
+// each other.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -41,7 +42,8 @@ void OnRanks(int n, const std::function<void(int)>& fn) {
 // Value i of rank r in call c: distinct per call so that a stale slot shows.
 template <typename T>
 T Input(int c, int r, int64_t i) {
-  const uint32_t h = static_cast<uint32_t>(i * 2654435761u) ^ static_cast<uint32_t>(c * 40503 + r * 977);
+  const uint32_t h = static_cast<uint32_t>(i * 2654435761u) ^
+                     static_cast<uint32_t>(c * 40503 + r * 977);
   return static_cast<T>(static_cast<double>(h % 100003) / 1024.0 - 40.0 + 0.001 * r);
 }
 
