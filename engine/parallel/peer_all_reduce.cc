@@ -74,7 +74,6 @@ absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::Create(
   DeviceRestorer restore;
   std::shared_ptr<PeerAllReduceGroup> group(new PeerAllReduceGroup());
   group->devices_ = devices;
-  group->slot_bytes_ = slot_bytes;
   group->buffers_.assign(static_cast<size_t>(n), nullptr);
   void* abort_word = nullptr;
   RETURN_IF_ERROR(CudaStatus(

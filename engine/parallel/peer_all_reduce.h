@@ -41,7 +41,7 @@ class PeerAllReduceGroup {
   int size() const { return static_cast<int>(devices_.size()); }
   const kernels::cuda::PeerAllReduceView& view(int rank) const { return views_[rank]; }
   // Whether a message of `bytes` goes through this group.
-  bool Takes(int64_t bytes) const { return bytes <= slot_bytes_; }
+  bool Takes(int64_t bytes) const { return bytes <= views_.front().slot_bytes; }
   // Ends every wait of a call in flight or to come (their results are undefined): for tearing
   // a group down after one rank failed. Callable from any thread.
   void Abort();
@@ -52,7 +52,6 @@ class PeerAllReduceGroup {
   std::vector<int> devices_;
   std::vector<void*> buffers_;  // per rank: receive area, then flags, then epochs
   std::vector<kernels::cuda::PeerAllReduceView> views_;
-  int64_t slot_bytes_ = 0;
   volatile int* abort_ = nullptr;  // pinned, mapped host memory
 };
 
