@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -24,6 +25,15 @@ int64_t MaxPushBytes(int ranks) {
   const char* v = std::getenv("TS_TP_PEER_MAX_BYTES");
   if (v != nullptr && v[0] != '\0') return std::strtoll(v, nullptr, 10);
   return ranks == 2 ? PeerAllReduceGroup::kDefaultMaxPushBytes : 0;
+}
+
+// TS_TP_PEER_SMALL_BYTES, or the default: messages up to this many bytes take the marker
+// protocol (0: none do).
+int64_t SmallSlotBytes(int64_t slot_bytes) {
+  const char* v = std::getenv("TS_TP_PEER_SMALL_BYTES");
+  const int64_t bytes = v != nullptr && v[0] != '\0' ? std::strtoll(v, nullptr, 10)
+                                                      : PeerAllReduceGroup::kDefaultSmallBytes;
+  return std::max<int64_t>(0, std::min(bytes, slot_bytes)) / 16 * 16;
 }
 
 bool DisabledByEnv() {
@@ -85,10 +95,15 @@ absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::Create(
   RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&abort_device, abort_word, 0),
                              "cudaHostGetDevicePointer"));
 
-  // Per rank: the receive area, then the flags, then the epochs.
+  // Per rank: the receive area, then the flags, then the epochs, then the small receive area
+  // and its counters.
   const int64_t recv_bytes = 2 * n * slot_bytes;
   const int64_t flag_bytes = int64_t{kPeerFlagWords} * 4;
-  const int64_t total = recv_bytes + flag_bytes + int64_t{kPeerBlocks} * 4;
+  const int64_t epoch_bytes = int64_t{kPeerBlocks} * 4;
+  const int64_t small_slot_bytes = SmallSlotBytes(slot_bytes);
+  const int64_t small_bytes = 2 * n * small_slot_bytes;
+  const int64_t small_offset = recv_bytes + flag_bytes + 2 * epoch_bytes;
+  const int64_t total = small_offset + small_bytes;
   for (int r = 0; r < n; ++r) {
     RETURN_IF_ERROR(CudaStatus(cudaSetDevice(devices[r]), "cudaSetDevice"));
     for (int p = 0; p < n; ++p) {
@@ -102,11 +117,15 @@ absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::Create(
     }
     RETURN_IF_ERROR(CudaStatus(cudaMalloc(&group->buffers_[r], static_cast<size_t>(total)),
                                "cudaMalloc (peer all-reduce buffers)"));
-    // Flags and epochs start at 0 (receive slots need no initial value).
+    // Flags and both epoch arrays start at 0 (receive slots need no initial value), every
+    // byte of the small receive area at the marker.
+    unsigned char* base = static_cast<unsigned char*>(group->buffers_[r]);
     RETURN_IF_ERROR(CudaStatus(
-        cudaMemset(static_cast<unsigned char*>(group->buffers_[r]) + recv_bytes, 0,
-                   static_cast<size_t>(total - recv_bytes)),
+        cudaMemset(base + recv_bytes, 0, static_cast<size_t>(small_offset - recv_bytes)),
         "cudaMemset (peer all-reduce flags)"));
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemset(base + small_offset, 0xff, static_cast<size_t>(small_bytes)),
+        "cudaMemset (peer all-reduce small slots)"));
     RETURN_IF_ERROR(CudaStatus(kernels::cuda::PeerAllReducePrepare(), "peer all-reduce kernels"));
     RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "peer all-reduce set-up"));
   }
@@ -118,8 +137,15 @@ absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::Create(
       v.recv[p] = base;
       v.flags[p] = reinterpret_cast<uint32_t*>(base + recv_bytes);
     }
-    v.epochs = reinterpret_cast<uint32_t*>(static_cast<unsigned char*>(group->buffers_[r]) +
-                                           recv_bytes + flag_bytes);
+    unsigned char* own = static_cast<unsigned char*>(group->buffers_[r]);
+    v.epochs = reinterpret_cast<uint32_t*>(own + recv_bytes + flag_bytes);
+    if (small_slot_bytes > 0) {
+      for (int p = 0; p < n; ++p) {
+        v.small[p] = static_cast<unsigned char*>(group->buffers_[p]) + small_offset;
+      }
+      v.small_epochs = reinterpret_cast<uint32_t*>(own + recv_bytes + flag_bytes + epoch_bytes);
+      v.small_slot_bytes = small_slot_bytes;
+    }
     v.abort = static_cast<const volatile int*>(abort_device);
     v.slot_bytes = slot_bytes;
     v.rank = r;

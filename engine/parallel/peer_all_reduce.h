@@ -1,14 +1,17 @@
 // The buffers of a peer-memory all-reduce group (kernels/cuda/peer_all_reduce.h): per GPU a
 // receive area (2 parities x one slot per rank), a flag array and the blocks' epoch counters,
-// plus one host-mapped abort word shared by the group. NcclTensorParallel sends a collective
+// the same for the small-message (marker) protocol, plus one host-mapped abort word shared by
+// the group. NcclTensorParallel sends a collective
 // here instead of to NCCL when its message fits (docs/parallel.md; bench_allreduce_cuda on
 // 2 x H200: 4 MiB, the soft vote over 1M tokens, 19.7 us against NCCL's 32.3; 8 MiB, a
-// 512-token chunk's residual, 33.3 against 45.6; 16 KiB the same, ~6.8 us). With 2 ranks a sum
-// of two values does not depend on the order, so the results are bitwise NCCL's.
+// 512-token chunk's residual, 33.3 against 45.6; 16 KiB, a decode step's residual, 2.9 us
+// against 6.7 through the marker protocol). With 2 ranks a sum of two values does not depend on
+// the order, so the results are bitwise NCCL's.
 //
 // Environment: TS_TP_ALLREDUCE=nccl sends everything to NCCL (for comparisons);
 // TS_TP_PEER_MAX_BYTES=N caps the bytes one call pushes to its peers, message bytes x (ranks -
-// 1). Default: 8 MiB on 2 GPUs; on more GPUs the group is off (on 4 x H200 it was no faster
+// 1); TS_TP_PEER_SMALL_BYTES=N the largest message of the marker protocol (default
+// kDefaultSmallBytes; 0: none). Default: 8 MiB on 2 GPUs; on more GPUs the group is off (on 4 x H200 it was no faster
 // than NCCL for small messages and slower from 256 KiB, and its rank-order sums differ from
 // NCCL's ring in the last bits, which changes near-tie selections against earlier runs).
 #ifndef TOKENSELECT_ENGINE_PARALLEL_PEER_ALL_REDUCE_H_
@@ -26,6 +29,8 @@ namespace tokenselect::engine {
 class PeerAllReduceGroup {
  public:
   static constexpr int64_t kDefaultMaxPushBytes = int64_t{8} << 20;
+  // Decode's small all-reduces (a 4096-float hidden state, a 32 x 128 query) fit.
+  static constexpr int64_t kDefaultSmallBytes = int64_t{64} << 10;
 
   // Buffers on every device of `devices` (rank order), peer access enabled between every
   // pair. max_push_bytes: see above (<= 0: the environment's or the default). Unavailable
@@ -50,7 +55,8 @@ class PeerAllReduceGroup {
   PeerAllReduceGroup() = default;
 
   std::vector<int> devices_;
-  std::vector<void*> buffers_;  // per rank: receive area, then flags, then epochs
+  // Per rank: receive area, flags, epochs, small-call epochs, small receive area.
+  std::vector<void*> buffers_;
   std::vector<kernels::cuda::PeerAllReduceView> views_;
   volatile int* abort_ = nullptr;  // pinned, mapped host memory
 };

@@ -54,7 +54,7 @@ __device__ __forceinline__ double2 Add(double2 a, double2 b) {
 
 // Element range [begin, end) of this block in units of U (U = T's vector or T).
 __device__ __forceinline__ void BlockRange(int64_t units, int64_t* begin, int64_t* end) {
-  const int64_t per = (units + kPeerBlocks - 1) / kPeerBlocks;
+  const int64_t per = (units + gridDim.x - 1) / gridDim.x;
   *begin = min(units, static_cast<int64_t>(blockIdx.x) * per);
   *end = min(units, *begin + per);
 }
@@ -151,6 +151,155 @@ __global__ void __launch_bounds__(kPeerThreads)
   if (threadIdx.x == 0) v.epochs[b] = epoch;
 }
 
+// The marker protocol (peer_all_reduce.h) for small messages. Bits of T and of its vector.
+template <typename T>
+struct Bits;
+template <>
+struct Bits<float> {
+  using Word = uint32_t;
+  static constexpr uint32_t kMarker = 0xffffffffu;
+  static constexpr uint32_t kCanonicalNan = 0x7fffffffu;
+};
+template <>
+struct Bits<double> {
+  using Word = unsigned long long;
+  static constexpr unsigned long long kMarker = ~0ull;
+  static constexpr unsigned long long kCanonicalNan = 0x7fffffffffffffffull;
+};
+
+__device__ __forceinline__ float Sanitize(float x) {
+  return __float_as_uint(x) == Bits<float>::kMarker ? __uint_as_float(Bits<float>::kCanonicalNan)
+                                                    : x;
+}
+__device__ __forceinline__ double Sanitize(double x) {
+  return static_cast<unsigned long long>(__double_as_longlong(x)) == Bits<double>::kMarker
+             ? __longlong_as_double(static_cast<long long>(Bits<double>::kCanonicalNan))
+             : x;
+}
+__device__ __forceinline__ float4 Sanitize(float4 v) {
+  return make_float4(Sanitize(v.x), Sanitize(v.y), Sanitize(v.z), Sanitize(v.w));
+}
+__device__ __forceinline__ double2 Sanitize(double2 v) {
+  return make_double2(Sanitize(v.x), Sanitize(v.y));
+}
+
+__device__ __forceinline__ bool Arrived(float x) {
+  return __float_as_uint(x) != Bits<float>::kMarker;
+}
+__device__ __forceinline__ bool Arrived(double x) {
+  return static_cast<unsigned long long>(__double_as_longlong(x)) != Bits<double>::kMarker;
+}
+__device__ __forceinline__ bool Arrived(float4 v) {
+  return Arrived(v.x) && Arrived(v.y) && Arrived(v.z) && Arrived(v.w);
+}
+__device__ __forceinline__ bool Arrived(double2 v) { return Arrived(v.x) && Arrived(v.y); }
+
+__device__ __forceinline__ void SetMarker(float* p) { *p = __uint_as_float(Bits<float>::kMarker); }
+__device__ __forceinline__ void SetMarker(double* p) {
+  *p = __longlong_as_double(static_cast<long long>(Bits<double>::kMarker));
+}
+__device__ __forceinline__ void SetMarker(float4* p) {
+  const float m = __uint_as_float(Bits<float>::kMarker);
+  *p = make_float4(m, m, m, m);
+}
+__device__ __forceinline__ void SetMarker(double2* p) {
+  const double m = __longlong_as_double(static_cast<long long>(Bits<double>::kMarker));
+  *p = make_double2(m, m);
+}
+
+// Volatile (relaxed, system scope) accesses: a peer's stores become visible to the polling
+// loads without fences.
+template <typename U>
+__device__ __forceinline__ void StoreVolatile(U* ptr, const U& x) {
+  *const_cast<volatile U*>(ptr) = x;
+}
+__device__ __forceinline__ void StoreVolatile(float4* ptr, const float4& x) {
+  asm volatile("st.volatile.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "f"(x.x),
+               "f"(x.y), "f"(x.z), "f"(x.w)
+               : "memory");
+}
+__device__ __forceinline__ void StoreVolatile(double2* ptr, const double2& x) {
+  asm volatile("st.volatile.global.v2.f64 [%0], {%1, %2};\n" ::"l"(ptr), "d"(x.x), "d"(x.y)
+               : "memory");
+}
+template <typename U>
+__device__ __forceinline__ U LoadVolatile(const U* ptr) {
+  return *const_cast<const volatile U*>(ptr);
+}
+__device__ __forceinline__ float4 LoadVolatile(const float4* ptr) {
+  float4 v;
+  asm volatile("ld.volatile.global.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(ptr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ double2 LoadVolatile(const double2* ptr) {
+  double2 v;
+  asm volatile("ld.volatile.global.v2.f64 {%0, %1}, [%2];\n"
+               : "=d"(v.x), "=d"(v.y)
+               : "l"(ptr)
+               : "memory");
+  return v;
+}
+
+// Steps 1-3 of the marker protocol for units [begin, end) of U. Returns false when `abort`
+// ended a wait.
+template <typename U>
+__device__ __forceinline__ bool SmallExchange(U* data, int64_t begin, int64_t end,
+                                              const PeerAllReduceView& v, int parity) {
+  const int64_t slot = v.small_slot_bytes;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const U x = Sanitize(data[i]);
+    for (int p = 0; p < v.size; ++p) {
+      if (p == v.rank) continue;
+      U* dst = reinterpret_cast<U*>(v.small[p] + (parity * v.size + v.rank) * slot);
+      StoreVolatile(dst + i, x);
+    }
+  }
+  unsigned char* mine = v.small[v.rank] + static_cast<int64_t>(parity) * v.size * slot;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const U own = Sanitize(data[i]);
+    U acc = own;
+    for (int p = 0; p < v.size; ++p) {
+      U x = own;
+      if (p != v.rank) {
+        U* src = reinterpret_cast<U*>(mine + p * slot) + i;
+        uint32_t spins = 0;
+        for (x = LoadVolatile(src); !Arrived(x); x = LoadVolatile(src)) {
+          if (v.abort != nullptr && (++spins & 1023u) == 0 && *v.abort != 0) return false;
+        }
+        SetMarker(src);
+      }
+      acc = p == 0 ? x : Add(acc, x);
+    }
+    data[i] = acc;
+  }
+  return true;
+}
+
+// No __launch_bounds__: with it ptxas capped this kernel at 32 registers and spilled (sm_80).
+template <typename T>
+__global__ void PeerAllReduceSmallKernel(T* data, int64_t count, PeerAllReduceView v, const int32_t* skip) {
+  if (skip != nullptr && *skip != 0) return;  // on every rank alike: counts stay in step
+  using V = typename Vec<T>::Type;
+  constexpr int kPerVec = sizeof(V) / sizeof(T);
+  const int b = blockIdx.x;
+  const uint32_t epoch = v.small_epochs[b] + 1;
+  const int parity = static_cast<int>(epoch & 1u);
+  const bool vectors = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
+  const int64_t units = vectors ? count / kPerVec : count;
+  int64_t begin, end;
+  BlockRange(units, &begin, &end);
+  const int64_t tail_begin = vectors && b == static_cast<int>(gridDim.x) - 1 ? units * kPerVec
+                                                                             : count;
+  bool done = vectors ? SmallExchange(reinterpret_cast<V*>(data), begin, end, v, parity)
+                      : SmallExchange(data, begin, end, v, parity);
+  if (done) done = SmallExchange(data, tail_begin, count, v, parity);
+  __syncthreads();  // every thread has read the counter before it moves on
+  if (threadIdx.x == 0) v.small_epochs[b] = epoch;
+}
+
 template <typename T>
 cudaError_t Launch(T* data, int64_t count, const PeerAllReduceView& view, cudaStream_t stream,
                    const int32_t* skip) {
@@ -159,7 +308,13 @@ cudaError_t Launch(T* data, int64_t count, const PeerAllReduceView& view, cudaSt
       count > view.slot_bytes / static_cast<int64_t>(sizeof(T))) {
     return cudaErrorInvalidValue;
   }
-  PeerAllReduceKernel<T><<<kPeerBlocks, kPeerThreads, 0, stream>>>(data, count, view, skip);
+  if (view.small[view.rank] != nullptr && view.small_epochs != nullptr &&
+      count <= view.small_slot_bytes / static_cast<int64_t>(sizeof(T))) {
+    PeerAllReduceSmallKernel<T>
+        <<<kPeerSmallBlocks, kPeerSmallThreads, 0, stream>>>(data, count, view, skip);
+  } else {
+    PeerAllReduceKernel<T><<<kPeerBlocks, kPeerThreads, 0, stream>>>(data, count, view, skip);
+  }
   return cudaGetLastError();
 }
 
@@ -168,7 +323,9 @@ cudaError_t Launch(T* data, int64_t count, const PeerAllReduceView& view, cudaSt
 cudaError_t PeerAllReducePrepare() {
   cudaFuncAttributes attributes;
   TS_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, PeerAllReduceKernel<float>));
-  return cudaFuncGetAttributes(&attributes, PeerAllReduceKernel<double>);
+  TS_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, PeerAllReduceKernel<double>));
+  TS_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, PeerAllReduceSmallKernel<float>));
+  return cudaFuncGetAttributes(&attributes, PeerAllReduceSmallKernel<double>);
 }
 
 cudaError_t PeerAllReduceSum(float* data, int64_t count, const PeerAllReduceView& view,

@@ -21,6 +21,21 @@
 // calls in the same order with the same counts, and each rank issues them on one stream (or
 // orders them); an element count fits the slot (PeerAllReduceView::slot_bytes).
 //
+// Small messages (count * sizeof(T) <= PeerAllReduceView::small_slot_bytes) take a second
+// protocol in which the data is its own flag ("marker" protocol, one NVLink crossing instead of
+// three): every word of a rank's small receive area holds the empty marker (all bits set)
+// except while a peer's values sit in it. Block b of every rank
+//   1. writes its slice of the rank's values into every peer's small slot for this rank
+//      (volatile stores; a value whose bits equal the marker, a NaN, is sent as the canonical
+//      NaN instead - on every rank alike, own values included),
+//   2. for each element, polls its own slot of each peer (volatile loads) until no word of it
+//      is the marker, sums in rank order as above and writes `data`,
+//   3. writes the marker back over what it read.
+// No fence, no flag. Why the reset cannot wipe a peer's next values: the small slots alternate
+// by the parity of the block's small-call count, and a peer writes this slot again only in the
+// call after next, which starts after the peer has read this rank's values of the next call,
+// which this rank writes after this call (reset included) has finished.
+//
 // A rank whose peer never arrives spins until `abort` (host-mapped memory) becomes non-zero;
 // then the call ends with `data` undefined (the group is being torn down).
 #ifndef TOKENSELECT_KERNELS_CUDA_PEER_ALL_REDUCE_H_
@@ -35,6 +50,9 @@ namespace tokenselect::kernels::cuda {
 inline constexpr int kPeerMaxRanks = 8;
 inline constexpr int kPeerBlocks = 128;  // the fixed grid of every call
 inline constexpr int kPeerThreads = 512;
+// The grid of the small-message kernel (at most kPeerBlocks: its counters are per block).
+inline constexpr int kPeerSmallBlocks = 32;
+inline constexpr int kPeerSmallThreads = 128;
 
 // Words of a rank's flag array: [kPeerBlocks][kPeerMaxRanks] uint32.
 inline constexpr int kPeerFlagWords = kPeerBlocks * kPeerMaxRanks;
@@ -50,6 +68,11 @@ struct PeerAllReduceView {
   uint32_t* epochs = nullptr;           // this rank's [kPeerBlocks] counters (zeroed at start)
   const volatile int* abort = nullptr;  // host-mapped; non-zero ends every wait (may be null)
   int64_t slot_bytes = 0;               // multiple of 16
+  // Rank p's small receive area: 2 parities x size source slots x small_slot_bytes, every
+  // word set to the marker (0xff bytes) at start, laid out as recv. null / 0: no small path.
+  unsigned char* small[kPeerMaxRanks] = {};
+  uint32_t* small_epochs = nullptr;  // this rank's [kPeerBlocks] small-call counters (zeroed)
+  int64_t small_slot_bytes = 0;      // multiple of 16
   int rank = 0;
   int size = 0;
 };
@@ -63,8 +86,8 @@ cudaError_t PeerAllReducePrepare();
 // Sums `count` values of `data` (this rank's device memory) over the view's ranks, in place.
 // `skip` (optional, device memory): when *skip != 0 the call does nothing at all, as if it had
 // not been made; it must then be set on every rank alike (a flag every rank computes from the
-// same values, as the selection cache's hit). cudaErrorInvalidValue when count * sizeof(T)
-// exceeds slot_bytes, count < 0, or the view's rank/size are out of range; otherwise the
+// same values, as the selection cache's hit). Messages of at most small_slot_bytes take the
+// marker protocol. cudaErrorInvalidValue when count * sizeof(T) exceeds slot_bytes, count < 0, or the view's rank/size are out of range; otherwise the
 // launch's error.
 cudaError_t PeerAllReduceSum(float* data, int64_t count, const PeerAllReduceView& view,
                              cudaStream_t stream, const int32_t* skip = nullptr);

@@ -1,7 +1,8 @@
 // The peer-memory all-reduce (kernels/cuda/peer_all_reduce.h, engine/parallel/peer_all_reduce.h) on
-// 2 and 4 GPUs: sums equal to the host's rank-order sums bit for bit on every rank, for odd sizes,
-// unaligned pointers, doubles, many calls in flight without a host sync (ranks started out of
-// step), CUDA-graph replays with changing inputs, calls skipped by a device flag, and an abort that
+// 2 and 4 GPUs, both protocols (flags; the marker protocol of small messages): sums equal to the
+// host's rank-order sums bit for bit on every rank, for odd sizes, unaligned pointers, doubles,
+// many calls in flight without a host sync (ranks started out of step), CUDA-graph replays with
+// changing inputs, calls skipped by a device flag, values equal to the marker, and an abort that
 // ends a wait for a rank that never comes. Skips when fewer GPUs are present or they cannot reach
 // each other.
 #include <cuda_runtime_api.h>
@@ -89,6 +90,12 @@ TEST_P(PeerAllReduceTest, ManyCallsInFlightSumInRankOrderOnEveryRank) {
                              {3, 0, true},     {1001, 0, true},      {1 << 20, 0, false},
                              {max_floats, 0, false}, {max_floats / 2 + 3, 1, false},
                              {12345, 0, true}, {5, 0, false}};
+  // Both sides of the marker protocol's limit.
+  const int64_t small_floats = group_->view(0).small_slot_bytes / 4;
+  ASSERT_GT(small_floats, 0);
+  calls.push_back({small_floats, 0, false});
+  calls.push_back({small_floats + 1, 0, false});
+  calls.push_back({small_floats / 2, 0, true});
   for (Call& call : calls) {  // what one slot holds (2 MiB floats on 2 GPUs, 8/3 on 4)
     const int64_t max_elems = group_->view(0).slot_bytes / (call.fp64 ? 8 : 4);
     if (call.count + call.offset > max_elems) call.count = max_elems - call.offset;
@@ -222,6 +229,10 @@ TEST_P(PeerAllReduceTest, GraphReplaysWithChangingInputs) {
 TEST_P(PeerAllReduceTest, SkippedCallsChangeNothing) {
   constexpr int64_t kCount = 50000;
   constexpr int kCalls = 8;
+  // Calls c % 4 < 2 all-reduce kCount floats, the others kSmall (the marker protocol); odd
+  // calls are skipped.
+  constexpr int64_t kSmall = 3000;
+  auto count_of = [](int c) { return c % 4 < 2 ? kCount : kSmall; };
   std::vector<std::vector<std::vector<float>>> got(n_, std::vector<std::vector<float>>(kCalls));
   RankBarrier allocated(n_);
   OnRanks(n_, [&](int r) {
@@ -240,7 +251,7 @@ TEST_P(PeerAllReduceTest, SkippedCallsChangeNothing) {
     }
     ASSERT_TRUE(allocated.Wait().ok());
     for (int c = 0; c < kCalls; ++c) {
-      ASSERT_EQ(PeerAllReduceSum(data[c], kCount, group_->view(r), s, flags + (c % 2)),
+      ASSERT_EQ(PeerAllReduceSum(data[c], count_of(c), group_->view(r), s, flags + (c % 2)),
                 cudaSuccess);
     }
     CUDA_OK(cudaStreamSynchronize(s));
@@ -256,12 +267,64 @@ TEST_P(PeerAllReduceTest, SkippedCallsChangeNothing) {
     for (int r = 0; r < n_; ++r) {
       std::vector<float> want(kCount);
       if (c % 2 == 0) {
-        want = Expected<float>(c, n_, kCount);
+        want = Expected<float>(c, n_, count_of(c));
+        for (int64_t i = count_of(c); i < kCount; ++i) want.push_back(Input<float>(c, r, i));
       } else {
         for (int64_t i = 0; i < kCount; ++i) want[i] = Input<float>(c, r, i);
       }
       EXPECT_EQ(std::memcmp(got[r][c].data(), want.data(), kCount * 4), 0)
           << "call " << c << (c % 2 ? " (skipped)" : "") << " rank " << r;
+    }
+  }
+}
+
+// A value whose bits are the marker protocol's empty marker (all bits set: a NaN) arrives as the
+// canonical NaN on every rank, own values included; the next calls through the same slots are
+// exact (no marker left behind, none mistaken for data).
+TEST_P(PeerAllReduceTest, MarkerBitsArriveAsNaNAndLeaveTheSlotsClean) {
+  constexpr int64_t kCount = 1000;
+  constexpr int kCalls = 6;  // 0, 2, 4 carry markers; 1, 3, 5 are ordinary
+  std::vector<std::vector<std::vector<uint32_t>>> got(n_, std::vector<std::vector<uint32_t>>(kCalls));
+  auto input = [](int c, int r, int64_t i) {
+    const float v = Input<float>(c, r, i);
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    return c % 2 == 0 && i % 7 == r ? 0xffffffffu : bits;
+  };
+  RankBarrier allocated(n_);
+  OnRanks(n_, [&](int r) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    std::vector<float*> data(kCalls);
+    for (int c = 0; c < kCalls; ++c) {
+      std::vector<uint32_t> host(kCount);
+      for (int64_t i = 0; i < kCount; ++i) host[i] = input(c, r, i);
+      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&data[c]), kCount * 4));
+      CUDA_OK(cudaMemcpy(data[c], host.data(), kCount * 4, cudaMemcpyHostToDevice));
+    }
+    ASSERT_TRUE(allocated.Wait().ok());
+    for (int c = 0; c < kCalls; ++c) {
+      ASSERT_EQ(PeerAllReduceSum(data[c], kCount, group_->view(r), s), cudaSuccess);
+    }
+    CUDA_OK(cudaStreamSynchronize(s));
+    for (int c = 0; c < kCalls; ++c) {
+      got[r][c].resize(kCount);
+      CUDA_OK(cudaMemcpy(got[r][c].data(), data[c], kCount * 4, cudaMemcpyDeviceToHost));
+      cudaFree(data[c]);
+    }
+    cudaStreamDestroy(s);
+  });
+  for (int c = 0; c < kCalls; ++c) {
+    const std::vector<float> sums = Expected<float>(c, n_, kCount);
+    for (int r = 0; r < n_; ++r) {
+      int wrong = 0;
+      for (int64_t i = 0; i < kCount; ++i) {
+        uint32_t want;
+        std::memcpy(&want, &sums[i], 4);
+        if (c % 2 == 0 && i % 7 < n_) want = 0x7fffffffu;
+        wrong += got[r][c][i] != want;
+      }
+      EXPECT_EQ(wrong, 0) << "call " << c << " rank " << r;
     }
   }
 }
