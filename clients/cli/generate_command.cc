@@ -218,6 +218,7 @@ absl::StatusOr<engine::GenerationResult> GenerateOnCuda(engine::LoadFormat forma
   cuda.page_size = absl::GetFlag(FLAGS_page_size);
   cuda.max_tokens = absl::GetFlag(FLAGS_max_context);
   cuda.max_batch = 1;  // one request: no batched decode
+  cuda.capture_on_first_sight = true;  // its decode rows never change: no step by segments
   ASSIGN_OR_RETURN(cuda.kv_dtype, engine::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_dtype)));
   if (cuda.max_tokens < 1) return absl::InvalidArgumentError("--max_context must be >= 1");
   ASSIGN_OR_RETURN(engine::LoadedTpCudaModel loaded,

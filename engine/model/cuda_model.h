@@ -66,6 +66,11 @@ struct CudaModelOptions {
   // Cache lengths one capture of a whole decode step serves (cuda_model_step_graph.cc): a
   // sequence's step graph is captured again each time its length passes a multiple of this.
   int64_t step_graph_bucket = 16384;
+  // Capture a whole-step graph the first time its key (rows, providers, bounds) is seen rather
+  // than the second. Off by default: a batch whose composition changes every step would pay a
+  // capture per step. On for one-request generation (`tokenselect generate`), where the rows
+  // never change and the first decode step would otherwise run by segments.
+  bool capture_on_first_sight = false;
   // Element type of the KV cache (kv_cache_dtype.h): bf16, or e4m3 with per-head scales.
   KvCacheDType kv_dtype = KvCacheDType::kBF16;
   // Tensor parallelism (docs/parallel.md; engine/parallel/tp_cuda_model.h drives N of these).

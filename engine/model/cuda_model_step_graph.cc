@@ -13,7 +13,8 @@
 // Key: per row the sequence id, the provider id and the bound (the length rounded up to
 // CudaModelOptions::step_graph_bucket, at most the capacity). A step whose key differs from the captured graph's runs
 // by segments; the second step in a row with the same key captures (so a batch whose
-// composition changes every step never pays for captures). Providers opt in per step
+// composition changes every step never pays for captures), or the first with
+// CudaModelOptions::capture_on_first_sight (one-request generation). Providers opt in per step
 // (SupportsDeviceLength); one that does not keeps the step on segments. Rows on device lengths
 // use them by segments too (PlanRows), so a replayed graph and the same step run eagerly launch
 // the same kernels with the same grids: bitwise the same results. Host-side statistics of such
@@ -87,7 +88,8 @@ absl::Status CudaModel::RunStepGraph(absl::Span<const StepRow> rows,
     key.push_back(Device::StepGraphRow{rows[r].seq->id_, plan[r].provider->id(), plan[r].bound});
   }
   if (d.step_graph == nullptr || key != d.step_key) {
-    if (key != d.seen_key || key == d.failed_key) {  // first sight: by segments this time
+    // First sight: by segments this time (unless the options say rows never change).
+    if ((key != d.seen_key && !options_.capture_on_first_sight) || key == d.failed_key) {
       d.seen_key = key;
       return absl::OkStatus();
     }

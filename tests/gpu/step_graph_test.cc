@@ -3,7 +3,8 @@
 // generated llama3-rope preset (head_dim 64: the GPU scoring kernels run) with a small selection
 // budget, for every policy with a GPU provider. A small step_graph_bucket (24) makes the decode
 // cross several buckets: the graph is captured again at each, and the lengths of the steps in
-// between come from the device.
+// between come from the device. tokenselect also with capture_on_first_sight (every selecting
+// step replays, the first of a bucket right after its capture).
 //   - logits of every decode step bit for bit equal (graphs and eager launch the same kernels
 //     with the same grids; with 2 ranks the NCCL sums are exact either way);
 //   - the providers' host statistics and the selection cache's device counters equal (the host
@@ -40,10 +41,12 @@ constexpr int64_t kChunk = 64;
 struct Case {
   int tp;
   SelectionPolicyKind policy;
+  bool first_sight = false;  // CudaModelOptions::capture_on_first_sight
 };
 
 std::string CaseName(const testing::TestParamInfo<Case>& info) {
-  return std::string(PolicyName(info.param.policy)) + "_tp" + std::to_string(info.param.tp);
+  return std::string(PolicyName(info.param.policy)) + "_tp" + std::to_string(info.param.tp) +
+         (info.param.first_sight ? "_first_sight" : "");
 }
 
 class StepGraphTest : public testing::TestWithParam<Case> {};
@@ -108,6 +111,7 @@ TEST_P(StepGraphTest, ReplayedStepsEqualEagerOnes) {
     options.model.max_batch = 4;
     options.model.use_graphs = eager == 0;
     options.model.step_graph_bucket = 24;
+    options.model.capture_on_first_sight = c.first_sight;
     auto m = TpCudaModel::Create(*config, *weights, options);
     ASSERT_TRUE(m.ok()) << m.status();
     models[eager] = *std::move(m);
@@ -153,6 +157,11 @@ TEST_P(StepGraphTest, ReplayedStepsEqualEagerOnes) {
   EXPECT_EQ(none.captures + none.replays, 0);
   if (c.policy == SelectionPolicyKind::kQuest) {
     EXPECT_EQ(graphs.replays, 0);  // host state per layer: always by segments
+  } else if (c.first_sight) {
+    // Selecting from length 105 (the budget covers lengths 96 .. 104): from there on every step
+    // replays a graph, the first of each bucket right after capturing it.
+    EXPECT_GE(graphs.captures, 4);
+    EXPECT_EQ(graphs.replays, steps - 9);
   } else {
     // Selecting from length 105 (dense and streaming from the start): a capture per bucket of
     // 24 lengths on its second step, replays on the rest.
@@ -187,7 +196,9 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(Case{1, SelectionPolicyKind::kTokenSelect}, Case{1, SelectionPolicyKind::kTopK},
                     Case{1, SelectionPolicyKind::kStreaming}, Case{1, SelectionPolicyKind::kDense},
                     Case{1, SelectionPolicyKind::kQuest}, Case{2, SelectionPolicyKind::kTokenSelect},
-                    Case{2, SelectionPolicyKind::kDense}),
+                    Case{2, SelectionPolicyKind::kDense},
+                    Case{1, SelectionPolicyKind::kTokenSelect, true},
+                    Case{2, SelectionPolicyKind::kTokenSelect, true}),
     CaseName);
 
 }  // namespace
