@@ -42,6 +42,15 @@ class SequenceRunner {
   // Runs `tokens` (ids already checked against the vocabulary); writes the last token's logits
   // ([vocab]) when `logits` is not null.
   virtual absl::Status Forward(absl::Span<const int32_t> tokens, std::vector<float>* logits) = 0;
+  // Runs `tokens` for a greedy pick (temperature 0, no penalties, no logprobs): *token = the
+  // lowest id holding the largest logit of the last token, where a backend can pick without
+  // the logits crossing to the host (the GPU's); else *token = -1 and *logits = the logits, for
+  // the caller's sampler (which also reports NaN or infinite logits). Errors as Forward's.
+  virtual absl::Status ForwardGreedy(absl::Span<const int32_t> tokens, int32_t* token,
+                                     std::vector<float>* logits) {
+    *token = -1;
+    return Forward(tokens, logits);
+  }
   virtual SelectionStats selection_stats() const = 0;
   virtual absl::StatusOr<SelectionCacheCounters> cache_counters() const = 0;
   // The same per layer ([num_layers]).

@@ -49,6 +49,15 @@ class CudaRunner final : public SequenceRunner, public KvStore {
     absl::MutexLock lock(&backend_->mu_);
     return backend_->model_->Forward(seq_.get(), tokens, providers_, logits);
   }
+  // The pick on the GPU (TpCudaModel::ForwardGreedy); the logits cross to the host only when
+  // the CPU sampler has to see them (a NaN or an infinity).
+  absl::Status ForwardGreedy(absl::Span<const int32_t> tokens, int32_t* token,
+                             std::vector<float>* logits) override {
+    absl::MutexLock lock(&backend_->mu_);
+    ASSIGN_OR_RETURN(*token, backend_->model_->ForwardGreedy(seq_.get(), tokens, providers_));
+    if (*token >= 0) return absl::OkStatus();
+    return backend_->model_->CopyLastLogits(logits);
+  }
   // Rank 0's: every rank selects the same tokens.
   SelectionStats selection_stats() const override { return attention_[0]->stats(); }
   absl::StatusOr<SelectionCacheCounters> cache_counters() const override {

@@ -62,8 +62,17 @@ absl::StatusOr<GenerationResult> Generator::Generate(absl::Span<const int32_t> p
   StopChecker stop(options.sampling, eos_ids_);
   tokenizer::StreamDecoder decoder(*tokenizer_, options.skip_special_tokens);
   const common::Stopwatch decode;
+  // Greedy without penalties or logprobs: the backend picks (on the GPU only the id crosses to
+  // the host); -1 when the logits came back instead, for the sampler.
+  const bool backend_picks = sampler.PicksArgmaxOfRawLogits();
+  int32_t picked = -1;
   while (true) {
-    ASSIGN_OR_RETURN(SampleResult sample, sampler.Sample(logits, prompt, result.token_ids));
+    SampleResult sample;
+    if (picked >= 0) {
+      sample.token_id = picked;
+    } else {
+      ASSIGN_OR_RETURN(sample, sampler.Sample(logits, prompt, result.token_ids));
+    }
     result.token_ids.push_back(sample.token_id);
     ASSIGN_OR_RETURN(StopCheckResult checked,
                      stop.Append(sample.token_id, decoder.Push(sample.token_id)));
@@ -82,7 +91,11 @@ absl::StatusOr<GenerationResult> Generator::Generate(absl::Span<const int32_t> p
       break;
     }
     const int32_t next = result.token_ids.back();
-    RETURN_IF_ERROR(runner->Forward(absl::MakeConstSpan(&next, 1), &logits));
+    if (backend_picks) {
+      RETURN_IF_ERROR(runner->ForwardGreedy(absl::MakeConstSpan(&next, 1), &picked, &logits));
+    } else {
+      RETURN_IF_ERROR(runner->Forward(absl::MakeConstSpan(&next, 1), &logits));
+    }
   }
   result.stats.generated_tokens = static_cast<int64_t>(result.token_ids.size());
   result.stats.decode_seconds = decode.ElapsedSeconds();

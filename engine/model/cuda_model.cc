@@ -454,18 +454,59 @@ absl::Status CudaModel::Forward(CudaSequence* seq, absl::Span<const int32_t> tok
         absl::StrCat("CudaModel::Forward: ", seq->length_ + tokens.size(),
                      " tokens exceed the sequence's capacity of ", seq->capacity()));
   }
+  RETURN_IF_ERROR(EnqueueForward(seq, tokens, attention, logits != nullptr));
+  if (logits == nullptr) return CudaStatus(cudaGetLastError(), "Forward");
+  return CopyLastLogits(logits);
+}
+
+absl::Status CudaModel::EnqueueForward(CudaSequence* seq, absl::Span<const int32_t> tokens,
+                                       CudaAttentionProvider* attention, bool logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   for (int64_t begin = 0; begin < n; begin += options_.max_chunk) {
     const int64_t len = std::min(options_.max_chunk, n - begin);
     const StepRow row{seq, 0, len, attention};
     const absl::Status step = Step(absl::MakeConstSpan(&row, 1), tokens.subspan(begin, len),
-                                   logits != nullptr && begin + len == n ? 1 : 0);
+                                   logits && begin + len == n ? 1 : 0);
     if (!step.ok()) {
       cudaStreamSynchronize(dev_->stream);  // nothing of the failed step may still be running
       return step;
     }
   }
-  if (logits == nullptr) return CudaStatus(cudaGetLastError(), "Forward");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> CudaModel::ForwardGreedy(CudaSequence* seq,
+                                                 absl::Span<const int32_t> tokens,
+                                                 CudaAttentionProvider* attention) {
+  if (seq == nullptr || seq->model_ != this) {
+    return absl::InvalidArgumentError(
+        "CudaModel::ForwardGreedy: the sequence belongs to no or another model");
+  }
+  RETURN_IF_ERROR(cuda_model_internal::UseDevice(options_));
+  RETURN_IF_ERROR(CheckTokens(tokens));
+  if (seq->length_ + static_cast<int64_t>(tokens.size()) > seq->capacity()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("CudaModel::ForwardGreedy: ", seq->length_ + tokens.size(),
+                     " tokens exceed the sequence's capacity of ", seq->capacity()));
+  }
+  RETURN_IF_ERROR(EnqueueForward(seq, tokens, attention, /*logits=*/true));
+  Device& d = *dev_;
+  int32_t* picked = d.greedy.as<int32_t>();  // [0]: the id, [1]: refused
+  RETURN_IF_ERROR(CudaStatus(kc::Argmax(picked, d.logits.as<float>(), 1, config_.vocab_size,
+                                        d.stream, picked + 1),
+                             "Argmax"));
+  int32_t host[2] = {0, 0};
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(host, picked, sizeof(host), cudaMemcpyDeviceToHost, d.stream), "copy"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "ForwardGreedy"));
+  return host[1] != 0 ? -1 : host[0];
+}
+
+absl::Status CudaModel::CopyLastLogits(std::vector<float>* logits) {
+  if (last_logits_rows_ == 0) {
+    return absl::FailedPreconditionError("CopyLastLogits: the last step produced no logits");
+  }
+  RETURN_IF_ERROR(cuda_model_internal::UseDevice(options_));
   logits->resize(static_cast<size_t>(config_.vocab_size));
   RETURN_IF_ERROR(
       CudaStatus(cudaMemcpyAsync(logits->data(), dev_->logits.as<void>(), logits->size() * 4,

@@ -155,6 +155,15 @@ class CudaModel {
   // provider's errors as they are.
   absl::Status Forward(CudaSequence* seq, absl::Span<const int32_t> tokens,
                        CudaAttentionProvider* attention, std::vector<float>* logits);
+  // Forward whose last token's logits stay on the device: only their greedy token crosses to
+  // the host - the lowest id holding the largest logit, as the CPU sampler picks at temperature
+  // 0 - or -1 when the logits hold a NaN or +inf or only -inf (which the CPU sampler refuses;
+  // CopyLastLogits gives them). Errors as Forward's.
+  absl::StatusOr<int32_t> ForwardGreedy(CudaSequence* seq, absl::Span<const int32_t> tokens,
+                                        CudaAttentionProvider* attention);
+  // Row 0 of the last step's logits ([vocab], fp32; waits for the GPU). FailedPrecondition when
+  // the last step produced none.
+  absl::Status CopyLastLogits(std::vector<float>* logits);
 
   // One decode step of several sequences: row b appends tokens[b] to seqs[b], attending through
   // attention[b] (nullptr: dense). When `logits` is not null it gets [batch, vocab]. Errors as
@@ -274,6 +283,9 @@ class CudaModel {
   absl::StatusOr<std::vector<RowPlan>> PlanRows(absl::Span<const StepRow> rows);
   // A decode step (one new token per row, logits for every row, every row on device lengths) as
   // one replayed CUDA graph; *ran false: nothing was enqueued, run the step by segments.
+  // Forward's steps (chunks of max_chunk), the last one with logits when `logits`; no copy.
+  absl::Status EnqueueForward(CudaSequence* seq, absl::Span<const int32_t> tokens,
+                              CudaAttentionProvider* attention, bool logits);
   absl::Status RunStepGraph(absl::Span<const StepRow> rows, absl::Span<const RowPlan> plan,
                             bool* ran);
   // FP8: kv_scales_ from the uploaded weights, and their device copy.

@@ -389,7 +389,8 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
   RETURN_IF_ERROR(d.logits.Allocate(options.max_batch * c.vocab_size * 4));
   RETURN_IF_ERROR(d.tokens.Allocate(rows * 4));
   RETURN_IF_ERROR(d.new_slots.Allocate(rows * 4));
-  RETURN_IF_ERROR(d.greedy.Allocate(options.max_batch * 4));
+  // Greedy ids of up to max_batch rows; ForwardGreedy's (id, refused) pair uses the first two.
+  RETURN_IF_ERROR(d.greedy.Allocate((options.max_batch + 1) * 4));
   RETURN_IF_ERROR(d.row_lengths.Allocate(options.max_batch * 4));
   RETURN_IF_ERROR(d.q_indptr.Allocate(2 * 4));
   const int64_t iota_len = options.max_tokens + options.max_chunk + 1;

@@ -294,6 +294,35 @@ absl::Status TpCudaModel::Forward(TpSequence* seq, absl::Span<const int32_t> tok
   });
 }
 
+absl::StatusOr<int32_t> TpCudaModel::ForwardGreedy(
+    TpSequence* seq, absl::Span<const int32_t> tokens,
+    absl::Span<CudaAttentionProvider* const> attention) {
+  if (seq == nullptr || seq->model_ != this) {
+    return absl::InvalidArgumentError(
+        "TpCudaModel::ForwardGreedy: the sequence belongs to no or another model");
+  }
+  if (!attention.empty() && static_cast<int>(attention.size()) != size()) {
+    return absl::InvalidArgumentError(absl::StrCat("TpCudaModel::ForwardGreedy: ",
+                                                   attention.size(), " providers for ", size(),
+                                                   " ranks"));
+  }
+  int32_t picked = -1;
+  RETURN_IF_ERROR(RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
+    ASSIGN_OR_RETURN(const int32_t id,
+                     shard->ForwardGreedy(seq->shards_[rank].get(), tokens,
+                                          attention.empty() ? nullptr : attention[rank]));
+    if (rank == 0) picked = id;
+    return absl::OkStatus();
+  }));
+  return picked;
+}
+
+absl::Status TpCudaModel::CopyLastLogits(std::vector<float>* logits) {
+  return RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
+    return rank == 0 ? shard->CopyLastLogits(logits) : absl::OkStatus();
+  });
+}
+
 absl::Status TpCudaModel::DecodeBatch(
     absl::Span<TpSequence* const> seqs, absl::Span<const int32_t> tokens,
     const std::vector<std::vector<CudaAttentionProvider*>>& attention, std::vector<float>* logits) {

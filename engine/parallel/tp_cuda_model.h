@@ -128,6 +128,13 @@ class TpCudaModel {
                        absl::Span<CudaAttentionProvider* const> attention,
                        std::vector<float>* logits);
 
+  // CudaModel::ForwardGreedy on every rank; rank 0's pick (each rank picks from its own logits,
+  // which are the same). Only ids cross to the host.
+  absl::StatusOr<int32_t> ForwardGreedy(TpSequence* seq, absl::Span<const int32_t> tokens,
+                                        absl::Span<CudaAttentionProvider* const> attention);
+  // Rank 0's CudaModel::CopyLastLogits.
+  absl::Status CopyLastLogits(std::vector<float>* logits);
+
   // CudaModel::DecodeBatch on every rank: attention[r][b] is rank r's provider of row b (an
   // empty vector: dense for every row).
   absl::Status DecodeBatch(absl::Span<TpSequence* const> seqs, absl::Span<const int32_t> tokens,

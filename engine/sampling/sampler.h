@@ -57,6 +57,13 @@ class Sampler {
                                       absl::Span<const int32_t> prompt_ids,
                                       absl::Span<const int32_t> generated_ids);
 
+  // Whether Sample's pick is the plain argmax of the raw logits (temperature 0, no penalties,
+  // no logprobs): then a backend may pick on its own (SequenceRunner::ForwardGreedy) and Sample
+  // need not see the logits.
+  bool PicksArgmaxOfRawLogits() const {
+    return params_.temperature == 0.0f && !penalties_.active() && !params_.logprobs;
+  }
+
   // The seed in use (params.seed or the drawn one); hand it on with the request so another
   // process continues the same random stream.
   uint64_t seed() const { return seed_; }

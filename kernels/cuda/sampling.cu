@@ -2,7 +2,8 @@
 //
 // ArgmaxKernel: block (512 threads) per row; each thread scans a strided slice keeping
 // (value, id) under "greater value, then lower id" (NaN never wins), then a shuffle tree and a
-// shared-memory tree under the same rule.
+// shared-memory tree under the same rule; optionally, in the same pass, whether the row holds a
+// value the CPU sampler refuses (a block-wide OR).
 //
 // SampleKernel: block (512 threads) per row. A kept set is described by a cut (key, id) on the
 // total order "more likely first": token i is kept iff key_i > key or (key_i == key and i <= id),
@@ -55,13 +56,19 @@ __device__ __forceinline__ bool Better(float v, int32_t i, float bv, int32_t bi)
 }
 
 // Block-wide argmax under Better; thread 0 returns the result.
-__device__ int32_t BlockArgmax(const float* x, int32_t vocab, float* sv, int32_t* si) {
+// *refused (when not null, thread 0's): whether the row holds a NaN or +inf, or only -inf - the
+// rows the CPU sampler refuses (engine/sampling/sampler.cc), checked in the same pass.
+__device__ int32_t BlockArgmax(const float* x, int32_t vocab, float* sv, int32_t* si,
+                               bool* refused = nullptr) {
   float best = -INFINITY;
   int32_t best_id = INT_MAX;
+  bool bad = false;
   for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
     const float v = x[i];
+    bad |= !(v < INFINITY);
     if (Better(v, i, best, best_id)) best = v, best_id = i;
   }
+  if (refused != nullptr) bad = __syncthreads_or(bad) != 0;
   for (int offset = 16; offset > 0; offset /= 2) {
     const float v = __shfl_xor_sync(0xffffffffu, best, offset);
     const int32_t i = __shfl_xor_sync(0xffffffffu, best_id, offset);
@@ -80,6 +87,7 @@ __device__ int32_t BlockArgmax(const float* x, int32_t vocab, float* sv, int32_t
     }
   }
   __syncthreads();
+  if (refused != nullptr) *refused = bad || best_id == INT_MAX || best == -INFINITY;
   return best_id == INT_MAX ? -1 : best_id;
 }
 
@@ -216,11 +224,16 @@ __device__ Cut FindCut(const float* x, int32_t vocab, Metric metric, unsigned lo
 }
 
 __global__ void __launch_bounds__(kThreads)
-    ArgmaxKernel(int32_t* out, const float* logits, int32_t vocab) {
+    ArgmaxKernel(int32_t* out, const float* logits, int32_t vocab, int32_t* refused) {
   __shared__ float sv[kWarps];
   __shared__ int32_t si[kWarps];
-  const int32_t id = BlockArgmax(logits + static_cast<int64_t>(blockIdx.x) * vocab, vocab, sv, si);
-  if (threadIdx.x == 0) out[blockIdx.x] = id;
+  bool bad = false;
+  const int32_t id = BlockArgmax(logits + static_cast<int64_t>(blockIdx.x) * vocab, vocab, sv, si,
+                                 refused != nullptr ? &bad : nullptr);
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = id;
+    if (refused != nullptr) refused[blockIdx.x] = bad ? 1 : 0;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p) {
@@ -348,12 +361,12 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p) {
 }  // namespace
 
 cudaError_t Argmax(int32_t* out, const float* logits, int64_t rows, int64_t vocab,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, int32_t* refused) {
   if (rows < 0 || vocab < 0 || rows > INT32_MAX || vocab > INT32_MAX) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if (out == nullptr || (vocab > 0 && logits == nullptr)) return cudaErrorInvalidValue;
-  ArgmaxKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(out, logits,
-                                                                     static_cast<int32_t>(vocab));
+  ArgmaxKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      out, logits, static_cast<int32_t>(vocab), refused);
   return cudaGetLastError();
 }
 

@@ -34,9 +34,11 @@
 
 namespace tokenselect::kernels::cuda {
 
-// out[r] = the lowest id among the maxima of logits[r, :] (NaN ignored; -1 if all NaN).
+// out[r] = the lowest id among the maxima of logits[r, :] (NaN ignored; -1 if all NaN). When
+// `refused` is not null, refused[r] = 1 if row r holds a NaN or +inf or only -inf (the rows the
+// CPU sampler refuses with InvalidArgument), else 0.
 cudaError_t Argmax(int32_t* out, const float* logits, int64_t rows, int64_t vocab,
-                   cudaStream_t stream);
+                   cudaStream_t stream, int32_t* refused = nullptr);
 
 struct SampleParams {
   int32_t* out = nullptr;              // [rows]: chosen ids

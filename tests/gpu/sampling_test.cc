@@ -44,6 +44,7 @@ int32_t CpuArgmax(const float* x, int64_t vocab) {
   return best;
 }
 
+// Also the optional flag of rows the CPU sampler refuses.
 TEST(SamplingGpuTest, ArgmaxTakesTheLowestIdOnTies) {
   std::mt19937 rng(std::random_device{}());
   for (int64_t vocab : {1, 7, 1000, 32007, 151936}) {
@@ -52,15 +53,26 @@ TEST(SamplingGpuTest, ArgmaxTakesTheLowestIdOnTies) {
       std::vector<float> logits = RandomLogits(rng, rows, vocab, ties);
       logits[0] = std::numeric_limits<float>::quiet_NaN();                // NaN is ignored
       for (int64_t i = 0; i < vocab; ++i) logits[vocab + i] = -INFINITY;  // row 1: lowest id
+      logits[2 * vocab + vocab / 2] = INFINITY;                           // row 2: +inf wins
       DeviceBuffer<float> d_logits(logits);
-      DeviceBuffer<int32_t> d_out(static_cast<size_t>(rows));
-      d_out.Poison();
-      ASSERT_EQ(Argmax(d_out.get(), d_logits.get(), rows, vocab, nullptr), cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const std::vector<int32_t> got = d_out.Download();
-      for (int64_t r = 0; r < rows; ++r) {
-        const int32_t want = r == 1 ? 0 : CpuArgmax(logits.data() + r * vocab, vocab);
-        EXPECT_EQ(got[r], want) << "vocab " << vocab << " ties " << ties << " row " << r;
+      DeviceBuffer<int32_t> d_out(static_cast<size_t>(rows)), d_refused(d_out.size());
+      for (int with_refused = 0; with_refused < 2; ++with_refused) {
+        d_out.Poison();
+        d_refused.Poison();
+        ASSERT_EQ(Argmax(d_out.get(), d_logits.get(), rows, vocab, nullptr,
+                         with_refused ? d_refused.get() : nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<int32_t> got = d_out.Download();
+        const std::vector<int32_t> refused = d_refused.Download();
+        for (int64_t r = 0; r < rows; ++r) {
+          const int32_t want = r == 1 ? 0 : CpuArgmax(logits.data() + r * vocab, vocab);
+          EXPECT_EQ(got[r], want) << "vocab " << vocab << " ties " << ties << " row " << r;
+          // What the CPU sampler refuses: NaN (row 0), only -inf (row 1), +inf (row 2).
+          if (with_refused) {
+            EXPECT_EQ(refused[r], r <= 2 ? 1 : 0) << "vocab " << vocab << " row " << r;
+          }
+        }
       }
     }
   }

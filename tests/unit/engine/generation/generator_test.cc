@@ -1,12 +1,17 @@
 // Generator end to end on a generated checkpoint: streaming, stopping, errors, page
-// accounting, and TokenSelect in the forward pass (full coverage equals dense exactly; the
+// accounting, greedy picks left to the backend (SequenceRunner::ForwardGreedy), and TokenSelect
+// in the forward pass (full coverage equals dense exactly; the
 // selection cache's theta extremes; the attended-token counts a budget implies).
 #include "engine/generation/generator.h"
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/status.h"
+#include "engine/generation/backend.h"
 #include "engine/generation/demo_checkpoint.h"
 #include "engine/generation/model_loader.h"
 #include "engine/kvcache/page_pool.h"
@@ -22,6 +27,104 @@ class GeneratorTest : public DemoModelTest {
     return Generator(loaded_->model.get(), loaded_->tokenizer.get(), pool_.get());
   }
 };
+
+// A backend that picks greedy tokens itself (as the GPU's does on the device), here from the
+// CPU backend's logits on the host; `poison` makes it hand back logits holding a NaN instead.
+class PickingBackend : public GenerationBackend {
+ public:
+  PickingBackend(const Model* model, PagePool* pool) : cpu_(model, pool) {}
+  const ModelConfig& config() const override { return cpu_.config(); }
+  absl::StatusOr<std::unique_ptr<SequenceRunner>> Start(
+      int64_t max_tokens, const SelectionOptions& selection) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<SequenceRunner> inner, cpu_.Start(max_tokens, selection));
+    return std::unique_ptr<SequenceRunner>(new Runner(std::move(inner), this));
+  }
+  KvLayout kv_layout() const override { return cpu_.kv_layout(); }
+  KvCapacity kv_capacity() const override { return cpu_.kv_capacity(); }
+  int64_t max_chunk() const override { return cpu_.max_chunk(); }
+
+  int picks = 0;
+  bool poison = false;
+
+ private:
+  class Runner : public SequenceRunner {
+   public:
+    Runner(std::unique_ptr<SequenceRunner> inner, PickingBackend* backend)
+        : inner_(std::move(inner)), backend_(backend) {}
+    absl::Status Forward(absl::Span<const int32_t> tokens, std::vector<float>* logits) override {
+      return inner_->Forward(tokens, logits);
+    }
+    absl::Status ForwardGreedy(absl::Span<const int32_t> tokens, int32_t* token,
+                               std::vector<float>* logits) override {
+      RETURN_IF_ERROR(inner_->Forward(tokens, logits));
+      if (backend_->poison) {
+        (*logits)[3] = std::numeric_limits<float>::quiet_NaN();
+        *token = -1;
+        return absl::OkStatus();
+      }
+      ++backend_->picks;
+      *token = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) -
+                                    logits->begin());
+      logits->clear();  // the caller must not need them
+      return absl::OkStatus();
+    }
+    SelectionStats selection_stats() const override { return inner_->selection_stats(); }
+    absl::StatusOr<SelectionCacheCounters> cache_counters() const override {
+      return inner_->cache_counters();
+    }
+    absl::StatusOr<std::vector<SelectionCacheCounters>> layer_cache_counters() const override {
+      return inner_->layer_cache_counters();
+    }
+    int64_t length() const override { return inner_->length(); }
+    KvStore* kv() override { return inner_->kv(); }
+    std::vector<std::string> CollectSelectionStates() const override {
+      return inner_->CollectSelectionStates();
+    }
+    absl::Status RestoreSelectionStates(std::vector<SelectionLayerState> states) override {
+      return inner_->RestoreSelectionStates(std::move(states));
+    }
+
+   private:
+    std::unique_ptr<SequenceRunner> inner_;
+    PickingBackend* backend_;
+  };
+
+  CpuBackend cpu_;
+};
+
+// Greedy decoding without penalties or logprobs lets the backend pick (ForwardGreedy) and gives
+// the same tokens as the sampler; sampling, penalties or logprobs keep the sampler; logits the
+// sampler refuses (a NaN) still fail as InvalidArgument.
+TEST_F(GeneratorTest, BackendPicksGreedyTokensWhenTheSamplerWouldTakeTheArgmax) {
+  Generator cpu = MakeGenerator();
+  auto want = cpu.Generate(Prompt(30), Greedy(12), nullptr);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  PickingBackend backend(loaded_->model.get(), pool_.get());
+  Generator gen(&backend, loaded_->tokenizer.get());
+  auto got = gen.Generate(Prompt(30), Greedy(12), nullptr);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->token_ids, want->token_ids);
+  EXPECT_EQ(backend.picks, 11);  // every decode step; the first token comes from the prefill
+
+  for (int variant = 0; variant < 3; ++variant) {
+    GenerationOptions o = Greedy(6);
+    if (variant == 0) o.sampling.temperature = 0.7f;
+    if (variant == 1) o.sampling.repetition_penalty = 1.3f;
+    if (variant == 2) o.sampling.logprobs = true;
+    backend.picks = 0;
+    auto r = gen.Generate(Prompt(30), o, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(backend.picks, 0) << "variant " << variant;
+  }
+
+  backend.poison = true;
+  auto refused = gen.Generate(Prompt(30), Greedy(6), nullptr);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("logits[3]"), absl::string_view::npos)
+      << refused.status();
+  EXPECT_EQ(pool_->num_used_pages(), 0);
+}
 
 TEST_F(GeneratorTest, StreamsEveryTokenAndTheTextAddsUp) {
   Generator gen = MakeGenerator();
