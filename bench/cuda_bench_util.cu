@@ -28,6 +28,18 @@ __global__ void FillRandomBf16Kernel(uint16_t* out, int64_t n, uint32_t seed) {
   }
 }
 
+__global__ void FillRandomFp8Kernel(uint8_t* out, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    // Codes of magnitude up to ~2^3 (exponent field <= 10), both signs, never NaN.
+    out[i] = static_cast<uint8_t>((h & 0x80u) | (h % 80u));
+  }
+}
+
 }  // namespace
 
 std::vector<double> EventTimesMs(cudaStream_t stream, const std::function<void(int)>& fn,
@@ -100,6 +112,11 @@ double CopyMs(cudaStream_t stream, size_t bytes, const TimingOptions& opt) {
 
 void FillRandomBf16(uint16_t* out, int64_t n, uint32_t seed, cudaStream_t stream) {
   FillRandomBf16Kernel<<<1024, 256, 0, stream>>>(out, n, seed);
+  TS_CUDA_CHECK(cudaGetLastError());
+}
+
+void FillRandomFp8(uint8_t* out, int64_t n, uint32_t seed, cudaStream_t stream) {
+  FillRandomFp8Kernel<<<1024, 256, 0, stream>>>(out, n, seed);
   TS_CUDA_CHECK(cudaGetLastError());
 }
 

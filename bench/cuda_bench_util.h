@@ -1,6 +1,6 @@
 // Helpers shared by the CUDA benchmarks (bench/*_cuda_bench.*, nccl_kv_bench.cc): CUDA-event
 // timing (median of reps, CUDA-graph replay, optional L2 flush), the device-to-device copy that
-// serves as the bandwidth ceiling, device-side random bf16 fills, paged slot lists and the exact
+// serves as the bandwidth ceiling, device-side random bf16 and FP8 fills, paged slot lists and the exact
 // soft-vote selection's buffers. Every helper aborts the run on a
 // CUDA error (TS_CUDA_CHECK, tests/gpu/gpu_test_util.h).
 #ifndef TOKENSELECT_BENCH_CUDA_BENCH_UTIL_H_
@@ -61,6 +61,8 @@ inline double CopyGBs(size_t bytes, double ms) {
 // Fills out[0, n) with bf16 bits of values in about [-2, 2) from a hash of (index, seed), on the
 // device (host generation of GiBs is too slow). The values do not depend on the launch shape.
 void FillRandomBf16(uint16_t* out, int64_t n, uint32_t seed, cudaStream_t stream);
+// The same for e4m3 codes: magnitudes up to ~8, both signs, never NaN.
+void FillRandomFp8(uint8_t* out, int64_t n, uint32_t seed, cudaStream_t stream);
 
 // Slots of a request of n tokens in a paged cache: pages of 16 consecutive slots from
 // first_slot on, in an order shuffled with *rng; token t -> page order[t / 16], slot t % 16.

@@ -35,18 +35,6 @@ namespace {
 using bench::DeviceBuffer;
 constexpr int64_t kHeads = 32, kKvHeads = 8, kDim = 128, kRow = kKvHeads * kDim;
 
-__global__ void RandomFp8Kernel(uint8_t* out, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    // Codes of magnitude up to ~2^3 (exponent field <= 10), both signs, never NaN.
-    out[i] = static_cast<uint8_t>((h & 0x80u) | (h % 80u));
-  }
-}
-
 void Run(int64_t n, int reps, int num_sms, cudaStream_t stream) {
   std::mt19937 rng(1);
   const std::vector<int32_t> slots = bench::PagedSlots(n, 0, &rng);
@@ -58,8 +46,8 @@ void Run(int64_t n, int reps, int num_sms, cudaStream_t stream) {
   bench::FillRandomBf16(k16.get(), static_cast<int64_t>(k16.size()), 1u, stream);
   bench::FillRandomBf16(v16.get(), static_cast<int64_t>(v16.size()), 2u, stream);
   DeviceBuffer<uint8_t> k8(k16.size()), v8(k16.size());
-  RandomFp8Kernel<<<1024, 256, 0, stream>>>(k8.get(), static_cast<int64_t>(k8.size()), 3u);
-  RandomFp8Kernel<<<1024, 256, 0, stream>>>(v8.get(), static_cast<int64_t>(v8.size()), 4u);
+  bench::FillRandomFp8(k8.get(), static_cast<int64_t>(k8.size()), 3u, stream);
+  bench::FillRandomFp8(v8.get(), static_cast<int64_t>(v8.size()), 4u, stream);
   DeviceBuffer<float> scales(std::vector<float>(kKvHeads, 0.0625f));
   RopeParams rope;
   rope.head_dim = kDim;

@@ -36,17 +36,6 @@ namespace {
 using bench::DeviceBuffer;
 constexpr int64_t kDim = 128;
 
-__global__ void RandomFp8Kernel(uint8_t* out, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    out[i] = static_cast<uint8_t>((h & 0x80u) | (h % 80u));  // |x| <= ~8, never NaN
-  }
-}
-
 void SetWindow(cudaStream_t stream, void* base, size_t bytes, size_t persist,
                size_t max_window) {
   cudaStreamAttrValue attr = {};
@@ -71,7 +60,7 @@ void Run(int64_t n, int64_t heads, int64_t kv_heads, bool fp8, int reps,
   DeviceBuffer<uint8_t> k8(fp8 ? static_cast<size_t>(elems) : 0);
   DeviceBuffer<uint16_t> k16(fp8 ? 0 : static_cast<size_t>(elems));
   if (fp8) {
-    RandomFp8Kernel<<<1024, 256, 0, stream>>>(k8.get(), elems, 3u);
+    bench::FillRandomFp8(k8.get(), elems, 3u, stream);
   } else {
     bench::FillRandomBf16(k16.get(), elems, 1u, stream);
   }

@@ -444,23 +444,25 @@ absl::Status CudaModel::Step(absl::Span<const StepRow> rows, absl::Span<const in
 
 absl::Status CudaModel::Forward(CudaSequence* seq, absl::Span<const int32_t> tokens,
                                 CudaAttentionProvider* attention, std::vector<float>* logits) {
+  RETURN_IF_ERROR(EnqueueForward("Forward", seq, tokens, attention, logits != nullptr));
+  if (logits == nullptr) return CudaStatus(cudaGetLastError(), "Forward");
+  return CopyLastLogits(logits);
+}
+
+absl::Status CudaModel::EnqueueForward(const char* caller, CudaSequence* seq,
+                                       absl::Span<const int32_t> tokens,
+                                       CudaAttentionProvider* attention, bool logits) {
   if (seq == nullptr || seq->model_ != this) {
-    return absl::InvalidArgumentError("CudaModel::Forward: the sequence belongs to no or another model");
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaModel::", caller, ": the sequence belongs to no or another model"));
   }
   RETURN_IF_ERROR(cuda_model_internal::UseDevice(options_));
   RETURN_IF_ERROR(CheckTokens(tokens));
   if (seq->length_ + static_cast<int64_t>(tokens.size()) > seq->capacity()) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("CudaModel::Forward: ", seq->length_ + tokens.size(),
+        absl::StrCat("CudaModel::", caller, ": ", seq->length_ + tokens.size(),
                      " tokens exceed the sequence's capacity of ", seq->capacity()));
   }
-  RETURN_IF_ERROR(EnqueueForward(seq, tokens, attention, logits != nullptr));
-  if (logits == nullptr) return CudaStatus(cudaGetLastError(), "Forward");
-  return CopyLastLogits(logits);
-}
-
-absl::Status CudaModel::EnqueueForward(CudaSequence* seq, absl::Span<const int32_t> tokens,
-                                       CudaAttentionProvider* attention, bool logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   for (int64_t begin = 0; begin < n; begin += options_.max_chunk) {
     const int64_t len = std::min(options_.max_chunk, n - begin);
@@ -478,18 +480,7 @@ absl::Status CudaModel::EnqueueForward(CudaSequence* seq, absl::Span<const int32
 absl::StatusOr<int32_t> CudaModel::ForwardGreedy(CudaSequence* seq,
                                                  absl::Span<const int32_t> tokens,
                                                  CudaAttentionProvider* attention) {
-  if (seq == nullptr || seq->model_ != this) {
-    return absl::InvalidArgumentError(
-        "CudaModel::ForwardGreedy: the sequence belongs to no or another model");
-  }
-  RETURN_IF_ERROR(cuda_model_internal::UseDevice(options_));
-  RETURN_IF_ERROR(CheckTokens(tokens));
-  if (seq->length_ + static_cast<int64_t>(tokens.size()) > seq->capacity()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("CudaModel::ForwardGreedy: ", seq->length_ + tokens.size(),
-                     " tokens exceed the sequence's capacity of ", seq->capacity()));
-  }
-  RETURN_IF_ERROR(EnqueueForward(seq, tokens, attention, /*logits=*/true));
+  RETURN_IF_ERROR(EnqueueForward("ForwardGreedy", seq, tokens, attention, /*logits=*/true));
   Device& d = *dev_;
   int32_t* picked = d.greedy.as<int32_t>();  // [0]: the id, [1]: refused
   RETURN_IF_ERROR(CudaStatus(kc::Argmax(picked, d.logits.as<float>(), 1, config_.vocab_size,

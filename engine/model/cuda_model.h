@@ -283,9 +283,11 @@ class CudaModel {
   absl::StatusOr<std::vector<RowPlan>> PlanRows(absl::Span<const StepRow> rows);
   // A decode step (one new token per row, logits for every row, every row on device lengths) as
   // one replayed CUDA graph; *ran false: nothing was enqueued, run the step by segments.
-  // Forward's steps (chunks of max_chunk), the last one with logits when `logits`; no copy.
-  absl::Status EnqueueForward(CudaSequence* seq, absl::Span<const int32_t> tokens,
-                              CudaAttentionProvider* attention, bool logits);
+  // Forward's checks (errors name `caller`), then its steps (chunks of max_chunk), the last one
+  // with logits when `logits`; nothing is copied to the host.
+  absl::Status EnqueueForward(const char* caller, CudaSequence* seq,
+                              absl::Span<const int32_t> tokens, CudaAttentionProvider* attention,
+                              bool logits);
   absl::Status RunStepGraph(absl::Span<const StepRow> rows, absl::Span<const RowPlan> plan,
                             bool* ran);
   // FP8: kv_scales_ from the uploaded weights, and their device copy.
