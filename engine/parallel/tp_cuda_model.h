@@ -129,7 +129,7 @@ class TpCudaModel {
                        std::vector<float>* logits);
 
   // CudaModel::ForwardGreedy on every rank; rank 0's pick (each rank picks from its own logits,
-  // which are the same). Only ids cross to the host.
+  // which are the same). Only ids cross to the host: rank_logits is not updated.
   absl::StatusOr<int32_t> ForwardGreedy(TpSequence* seq, absl::Span<const int32_t> tokens,
                                         absl::Span<CudaAttentionProvider* const> attention);
   // Rank 0's CudaModel::CopyLastLogits.
