@@ -277,17 +277,24 @@ std::vector<float>* TpCudaModel::RankLogits(int rank, std::vector<float>* caller
   return rank == 0 ? caller : &logits_[rank];
 }
 
+absl::Status TpCudaModel::CheckForward(const char* caller, const TpSequence* seq,
+                                       absl::Span<CudaAttentionProvider* const> attention) const {
+  if (seq == nullptr || seq->model_ != this) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TpCudaModel::", caller, ": the sequence belongs to no or another model"));
+  }
+  if (!attention.empty() && static_cast<int>(attention.size()) != size()) {
+    return absl::InvalidArgumentError(absl::StrCat("TpCudaModel::", caller, ": ",
+                                                   attention.size(), " providers for ", size(),
+                                                   " ranks"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TpCudaModel::Forward(TpSequence* seq, absl::Span<const int32_t> tokens,
                                   absl::Span<CudaAttentionProvider* const> attention,
                                   std::vector<float>* logits) {
-  if (seq == nullptr || seq->model_ != this) {
-    return absl::InvalidArgumentError(
-        "TpCudaModel::Forward: the sequence belongs to no or another model");
-  }
-  if (!attention.empty() && static_cast<int>(attention.size()) != size()) {
-    return absl::InvalidArgumentError(absl::StrCat("TpCudaModel::Forward: ", attention.size(),
-                                                   " providers for ", size(), " ranks"));
-  }
+  RETURN_IF_ERROR(CheckForward("Forward", seq, attention));
   return RunOnRanks([&](int rank, CudaModel* shard) {
     return shard->Forward(seq->shards_[rank].get(), tokens,
                           attention.empty() ? nullptr : attention[rank], RankLogits(rank, logits));
@@ -297,15 +304,7 @@ absl::Status TpCudaModel::Forward(TpSequence* seq, absl::Span<const int32_t> tok
 absl::StatusOr<int32_t> TpCudaModel::ForwardGreedy(
     TpSequence* seq, absl::Span<const int32_t> tokens,
     absl::Span<CudaAttentionProvider* const> attention) {
-  if (seq == nullptr || seq->model_ != this) {
-    return absl::InvalidArgumentError(
-        "TpCudaModel::ForwardGreedy: the sequence belongs to no or another model");
-  }
-  if (!attention.empty() && static_cast<int>(attention.size()) != size()) {
-    return absl::InvalidArgumentError(absl::StrCat("TpCudaModel::ForwardGreedy: ",
-                                                   attention.size(), " providers for ", size(),
-                                                   " ranks"));
-  }
+  RETURN_IF_ERROR(CheckForward("ForwardGreedy", seq, attention));
   int32_t picked = -1;
   RETURN_IF_ERROR(RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
     ASSIGN_OR_RETURN(const int32_t id,

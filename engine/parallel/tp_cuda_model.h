@@ -166,6 +166,9 @@ class TpCudaModel {
   absl::Status RunOnRanksUnchecked(
       const std::function<absl::Status(int rank, CudaModel* shard)>& fn);
   std::vector<float>* RankLogits(int rank, std::vector<float>* caller);
+  // Forward's and ForwardGreedy's argument checks (errors name `caller`).
+  absl::Status CheckForward(const char* caller, const TpSequence* seq,
+                            absl::Span<CudaAttentionProvider* const> attention) const;
 
   const ModelConfig config_;
   int64_t abort_grace_ms_ = 10000;
