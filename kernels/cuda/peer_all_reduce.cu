@@ -151,18 +151,17 @@ __global__ void __launch_bounds__(kPeerThreads)
   if (threadIdx.x == 0) v.epochs[b] = epoch;
 }
 
-// The marker protocol (peer_all_reduce.h) for small messages. Bits of T and of its vector.
+// The marker protocol (peer_all_reduce.h) for small messages: the marker and canonical NaN
+// bits of T.
 template <typename T>
 struct Bits;
 template <>
 struct Bits<float> {
-  using Word = uint32_t;
   static constexpr uint32_t kMarker = 0xffffffffu;
   static constexpr uint32_t kCanonicalNan = 0x7fffffffu;
 };
 template <>
 struct Bits<double> {
-  using Word = unsigned long long;
   static constexpr unsigned long long kMarker = ~0ull;
   static constexpr unsigned long long kCanonicalNan = 0x7fffffffffffffffull;
 };
