@@ -49,23 +49,29 @@ absl::StatusOr<GenerationResult> Generator::Generate(absl::Span<const int32_t> p
                    backend_->Start(result.stats.prompt_tokens + options.sampling.max_new_tokens,
                                    options.selection));
 
+  // Greedy without penalties or logprobs: the backend picks (on the GPU only the id crosses to
+  // the host), the first token too; -1 when the logits came back instead, for the sampler.
+  const bool backend_picks = sampler.PicksArgmaxOfRawLogits();
+  int32_t picked = -1;
   std::vector<float> logits;
   const int64_t n = result.stats.prompt_tokens;
   const int64_t chunk = options.selection.chunk_size;
   for (int64_t begin = 0; begin < n; begin += chunk) {
     const int64_t end = std::min(n, begin + chunk);
-    RETURN_IF_ERROR(
-        runner->Forward(prompt.subspan(begin, end - begin), end == n ? &logits : nullptr));
+    const absl::Span<const int32_t> part = prompt.subspan(begin, end - begin);
+    if (end < n) {
+      RETURN_IF_ERROR(runner->Forward(part, nullptr));
+    } else if (backend_picks) {
+      RETURN_IF_ERROR(runner->ForwardGreedy(part, &picked, &logits));
+    } else {
+      RETURN_IF_ERROR(runner->Forward(part, &logits));
+    }
   }
   result.stats.prefill_seconds = total.ElapsedSeconds();
 
   StopChecker stop(options.sampling, eos_ids_);
   tokenizer::StreamDecoder decoder(*tokenizer_, options.skip_special_tokens);
   const common::Stopwatch decode;
-  // Greedy without penalties or logprobs: the backend picks (on the GPU only the id crosses to
-  // the host); -1 when the logits came back instead, for the sampler.
-  const bool backend_picks = sampler.PicksArgmaxOfRawLogits();
-  int32_t picked = -1;
   while (true) {
     SampleResult sample;
     if (picked >= 0) {

@@ -474,6 +474,8 @@ absl::Status CudaModel::EnqueueForward(const char* caller, CudaSequence* seq,
       return step;
     }
   }
+  // The end of a prompt (logits of a step of several tokens): decode steps follow.
+  if (logits && n > 1) return CaptureNextStep(seq, attention);
   return absl::OkStatus();
 }
 

@@ -69,7 +69,10 @@ struct CudaModelOptions {
   // Capture a whole-step graph the first time its key (rows, providers, bounds) is seen rather
   // than the second. Off by default: a batch whose composition changes every step would pay a
   // capture per step. On for one-request generation (`tokenselect generate`), where the rows
-  // never change and the first decode step would otherwise run by segments.
+  // never change and the first decode step would otherwise run by segments. Then also a
+  // Forward or ForwardGreedy of several tokens with logits (a prompt's end) captures the next
+  // one-token step's graph before it waits for the GPU: the capture's host time overlaps the
+  // prompt's last chunk instead of delaying the first decode step.
   bool capture_on_first_sight = false;
   // Element type of the KV cache (kv_cache_dtype.h): bf16, or e4m3 with per-head scales.
   KvCacheDType kv_dtype = KvCacheDType::kBF16;
@@ -280,7 +283,29 @@ class CudaModel {
     CudaAttentionProvider* provider;
     int64_t bound;  // > 0: the length is device_lengths[row], at most bound
   };
+  // The plan without the lengths' copy (CaptureNextStep plans a step before it runs).
+  absl::StatusOr<std::vector<RowPlan>> PlanRowBounds(absl::Span<const StepRow> rows);
   absl::StatusOr<std::vector<RowPlan>> PlanRows(absl::Span<const StepRow> rows);
+  // What a whole-step graph serves, per row: empty when some row is not on a device length.
+  struct StepGraphRow {
+    uint64_t seq_id;
+    uint64_t provider_id;
+    int64_t bound;  // the cache lengths the graph serves: up to this
+    bool operator==(const StepGraphRow& o) const {
+      return seq_id == o.seq_id && provider_id == o.provider_id && bound == o.bound;
+    }
+  };
+  static std::vector<StepGraphRow> StepGraphKey(absl::Span<const StepRow> rows,
+                                                absl::Span<const RowPlan> plan);
+  // Captures the step's graph for `key` (replacing the one held); on one GPU a failed capture
+  // is reported on stderr and the key marked never to capture (OK, no graph held), under
+  // tensor parallelism it is an error.
+  absl::Status CaptureStepGraph(absl::Span<const StepRow> rows, absl::Span<const RowPlan> plan,
+                                const std::vector<StepGraphRow>& key);
+  // With capture_on_first_sight: captures the graph of the next one-token step of `seq` now,
+  // while the GPU may still run the steps just enqueued (EnqueueForward calls it after a
+  // prompt's last chunk), so that the first decode step replays at once.
+  absl::Status CaptureNextStep(CudaSequence* seq, CudaAttentionProvider* attention);
   // A decode step (one new token per row, logits for every row, every row on device lengths) as
   // one replayed CUDA graph; *ran false: nothing was enqueued, run the step by segments.
   // Forward's checks (errors name `caller`), then its steps (chunks of max_chunk), the last one

@@ -106,16 +106,8 @@ struct CudaModel::Device {
   std::map<int64_t, std::vector<cudaGraphExec_t>> graphs;
   // Whole decode steps as one graph (cuda_model_step_graph.cc): the rows' current cache lengths
   // [max_batch] int32 (copied in before each launch), the captured step and what it was captured
-  // for, and the last step seen that could have been (a step is captured the second time in a
-  // row its key comes up).
-  struct StepGraphRow {
-    uint64_t seq_id;
-    uint64_t provider_id;
-    int64_t bound;  // the cache lengths the graph serves: up to this
-    bool operator==(const StepGraphRow& o) const {
-      return seq_id == o.seq_id && provider_id == o.provider_id && bound == o.bound;
-    }
-  };
+  // for (CudaModel::StepGraphRow), and the last step seen that could have been (a step is
+  // captured the second time in a row its key comes up).
   cuda_model_internal::DeviceMemory row_lengths;
   std::vector<StepGraphRow> step_key, seen_key, failed_key;
   cudaGraphExec_t step_graph = nullptr;

@@ -9,7 +9,8 @@
 //     with the same grids; with 2 ranks the NCCL sums are exact either way);
 //   - the providers' host statistics and the selection cache's device counters equal (the host
 //     bookkeeping of replayed steps, AccountReplay);
-//   - quest (host state per layer) never takes the graph path and still agrees.
+//   - quest (host state per layer) never takes the graph path and still agrees;
+//   - with capture_on_first_sight the end of a prompt already captures the first decode step.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -200,6 +201,93 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{1, SelectionPolicyKind::kTokenSelect, true},
                     Case{2, SelectionPolicyKind::kTokenSelect, true}),
     CaseName);
+
+// With capture_on_first_sight the end of a prompt captures the first decode step's graph
+// (CudaModel::CaptureNextStep, while the GPU still runs the last chunk): after the prompt one
+// capture and no replay, then every decode step replays it - the first one included - with the
+// eager model's logits bit for bit and its greedy picks. The graph model's prompt ends through
+// ForwardGreedy (as `tokenselect generate` does), the eager one's through Forward.
+class PromptEndCaptureTest : public testing::TestWithParam<int> {};
+
+TEST_P(PromptEndCaptureTest, FirstDecodeStepReplaysTheGraphCapturedAtThePromptsEnd) {
+  const int tp = GetParam();
+  if (gpu_test::DeviceCount() < tp) GTEST_SKIP() << "needs " << tp << " GPUs";
+  PresetOptions preset;
+  preset.vocab_size = 2048;
+  auto config = PresetConfig("llama3-rope", preset);
+  ASSERT_TRUE(config.ok()) << config.status();
+  DummyWeightOptions dummy;
+  dummy.init = DummyInit::kHuggingFace;
+  dummy.seed = 12;
+  auto weights = LoadDummyWeights(*config, dummy);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  std::unique_ptr<TpCudaModel> models[2];  // 0: graphs captured on first sight, 1: eager
+  for (int eager = 0; eager < 2; ++eager) {
+    TpCudaModelOptions options;
+    options.tp_size = tp;
+    options.model.max_tokens = kMaxTokens;
+    options.model.max_chunk = kChunk;
+    options.model.max_batch = 4;
+    options.model.use_graphs = eager == 0;
+    options.model.step_graph_bucket = 4096;  // one bound for the whole sequence
+    options.model.capture_on_first_sight = eager == 0;
+    auto m = TpCudaModel::Create(*config, *weights, options);
+    ASSERT_TRUE(m.ok()) << m.status();
+    models[eager] = *std::move(m);
+  }
+  const SelectionOptions sel = gpu_test::SmallBudget(SelectionPolicyKind::kTokenSelect);
+  Providers providers[2] = {Providers(models[0].get(), sel), Providers(models[1].get(), sel)};
+  std::unique_ptr<TpSequence> seqs[2];
+  for (int i = 0; i < 2; ++i) {
+    auto s = models[i]->NewSequence(kMaxTokens);
+    ASSERT_TRUE(s.ok()) << s.status();
+    seqs[i] = *std::move(s);
+  }
+  // 160 tokens: past the budget (8 + 64 + 32), so the first decode step selects.
+  const std::vector<int32_t> prompt = gpu_test::Prompt(160, 9, config->vocab_size);
+  const absl::Span<const int32_t> head = absl::MakeConstSpan(prompt).first(128);
+  const absl::Span<const int32_t> tail = absl::MakeConstSpan(prompt).subspan(128);
+  std::vector<float> logits[2];
+  for (int i = 0; i < 2; ++i) {
+    const absl::Status st = models[i]->Forward(seqs[i].get(), head, providers[i].ptrs, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  auto picked = models[0]->ForwardGreedy(seqs[0].get(), tail, providers[0].ptrs);
+  ASSERT_TRUE(picked.ok()) << picked.status();
+  ASSERT_TRUE(models[1]->Forward(seqs[1].get(), tail, providers[1].ptrs, &logits[1]).ok());
+  CudaModel::StepGraphCounts graphs = models[0]->shard(0)->step_graph_counts();
+  EXPECT_EQ(graphs.captures, 1);
+  EXPECT_EQ(graphs.replays, 0);
+  auto want = models[1]->GreedyToken();
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(*picked, *want);
+  int identical = 0;
+  const int steps = 24;
+  for (int step = 0; step < steps; ++step) {
+    const int32_t token = *want;
+    picked = models[0]->ForwardGreedy(seqs[0].get(), absl::MakeConstSpan(&token, 1),
+                                      providers[0].ptrs);
+    ASSERT_TRUE(picked.ok()) << "step " << step << ": " << picked.status();
+    ASSERT_TRUE(models[0]->CopyLastLogits(&logits[0]).ok());
+    const absl::Status st = models[1]->Forward(seqs[1].get(), absl::MakeConstSpan(&token, 1),
+                                               providers[1].ptrs, &logits[1]);
+    ASSERT_TRUE(st.ok()) << "step " << step << ": " << st;
+    identical += logits[0] == logits[1] ? 1 : 0;
+    want = models[1]->GreedyToken();
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(*picked, *want) << "step " << step;
+  }
+  EXPECT_EQ(identical, steps);
+  graphs = models[0]->shard(0)->step_graph_counts();
+  EXPECT_EQ(graphs.captures, 1);
+  EXPECT_EQ(graphs.replays, steps);
+  std::printf("TP=%d: prompt-end capture, %lld captures, %lld replays, %d of %d steps "
+              "bit-identical\n",
+              tp, static_cast<long long>(graphs.captures), static_cast<long long>(graphs.replays),
+              identical, steps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, PromptEndCaptureTest, testing::Values(1, 2));
 
 }  // namespace
 }  // namespace tokenselect::engine

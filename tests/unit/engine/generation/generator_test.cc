@@ -105,7 +105,7 @@ TEST_F(GeneratorTest, BackendPicksGreedyTokensWhenTheSamplerWouldTakeTheArgmax) 
   auto got = gen.Generate(Prompt(30), Greedy(12), nullptr);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->token_ids, want->token_ids);
-  EXPECT_EQ(backend.picks, 11);  // every decode step; the first token comes from the prefill
+  EXPECT_EQ(backend.picks, 12);  // every token: the prompt's last chunk picks the first
 
   for (int variant = 0; variant < 3; ++variant) {
     GenerationOptions o = Greedy(6);
