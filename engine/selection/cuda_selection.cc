@@ -269,10 +269,8 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
         const float* check_query = d.query;
         const int64_t dim = row * tp_size_;
         if (tp != nullptr) {
-          RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(d.full_query, 0, dim * 4, s), "memset"));
-          RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(d.full_query + tp->rank() * row, d.query,
-                                                     row * 4, cudaMemcpyDeviceToDevice, s),
-                                     "copy"));
+          RETURN_IF_ERROR(CudaStatus(
+              kc::PlaceSlice(d.full_query, dim, d.query, tp->rank() * row, row, s), "PlaceSlice"));
           RETURN_IF_ERROR(tp->AllReduceSum(d.full_query, dim, s));
           check_query = d.full_query;
         }

@@ -9,6 +9,7 @@
 //                    (engine/selection/top_k.h's rule; NaN ranks lowest), ascending by index.
 //   SelectionCacheCheck  the selection cache's lookup on the device (engine/selection/
 //                    selection_cache.h): hit = cosine(query, cached query) >= theta.
+//   PlaceSlice       a rank's query slice amid zeros (the cache check's gather under TP).
 //
 // Skip flags: ScoreKeys, VoteFromLogits and TopK take an optional device flag `skip`; when it is
 // non-null and *skip != 0 the kernels return at once and write nothing (not even workspaces), so
@@ -119,6 +120,14 @@ struct CacheCheckParams {
 // layer. theta = -1 hits on every check after the first; theta > 1 never hits. Invalid value for
 // dim <= 0 or null pointers.
 cudaError_t SelectionCacheCheck(const CacheCheckParams& params, cudaStream_t stream);
+
+// dst[0, dim) = zeros around src[0, len) placed at [offset, offset + len): under tensor
+// parallelism a rank's slice of the selection query, which an all-reduce of every rank's copy
+// turns into the whole query for the cache check. One launch (in a step graph one node, where a
+// memset and a copy were two). Invalid value for null pointers, len < 0, offset < 0 or
+// offset + len > dim.
+cudaError_t PlaceSlice(float* dst, int64_t dim, const float* src, int64_t offset, int64_t len,
+                       cudaStream_t stream);
 
 }  // namespace tokenselect::kernels::cuda
 

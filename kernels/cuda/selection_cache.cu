@@ -10,8 +10,10 @@
 // that read the old entry, so the copy never races the cosine.
 // Traffic: 2 * dim * 4 B read (+ dim * 4 B written on a miss); one launch of a few microseconds,
 // no host synchronisation, CUDA-graph friendly (the outcome lives in device memory only).
+// PlaceSlice: a grid-stride copy-or-zero, one element per thread and trip.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_status.h"
@@ -73,7 +75,28 @@ __global__ void __launch_bounds__(kCheckThreads) SelectionCacheCheckKernel(Cache
   if (threadIdx.x == 0) *p.cached_valid = 1;
 }
 
+__global__ void PlaceSliceKernel(float* __restrict__ dst, int64_t dim,
+                                 const float* __restrict__ src, int64_t offset, int64_t len) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < dim;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = i >= offset && i < offset + len ? src[i - offset] : 0.0f;
+  }
+}
+
 }  // namespace
+
+cudaError_t PlaceSlice(float* dst, int64_t dim, const float* src, int64_t offset, int64_t len,
+                       cudaStream_t stream) {
+  if (dst == nullptr || src == nullptr || dim < 0 || len < 0 || offset < 0 ||
+      offset > dim - len) {
+    return cudaErrorInvalidValue;
+  }
+  if (dim == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((dim + kCheckThreads - 1) / kCheckThreads, 1024);
+  PlaceSliceKernel<<<static_cast<unsigned>(blocks), kCheckThreads, 0, stream>>>(dst, dim, src,
+                                                                              offset, len);
+  return cudaGetLastError();
+}
 
 cudaError_t SelectionCacheCheck(const CacheCheckParams& p, cudaStream_t stream) {
   if (p.dim <= 0 || p.hit == nullptr || p.cached_query == nullptr ||

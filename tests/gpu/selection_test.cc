@@ -21,8 +21,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "engine/selection/key_scores.h"
@@ -373,6 +375,38 @@ TEST(SelectionCacheGpuTest, CheckMatchesCpuCacheRule) {
   }
   CacheCheckParams bad;
   EXPECT_EQ(SelectionCacheCheck(bad, nullptr), cudaErrorInvalidValue);
+}
+
+// PlaceSlice (the cache check's gather under tensor parallelism): every element written, the
+// slice bit for bit (NaN and -0 included), zeros around it; bad arguments refused.
+TEST(SelectionCacheGpuTest, PlaceSliceWritesTheSliceAmidZeros) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (const auto& [dim, offset, len] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {4096, 2048, 2048}, {4096, 0, 2048}, {1000, 333, 1}, {7, 0, 7}, {300001, 150000, 77},
+           {5, 5, 0}}) {
+    SCOPED_TRACE(testing::Message() << "dim " << dim << " offset " << offset << " len " << len);
+    std::vector<float> slice(static_cast<size_t>(std::max<int64_t>(len, 1)));
+    for (float& x : slice) x = normal(rng);
+    slice[0] = len > 1 ? std::numeric_limits<float>::quiet_NaN() : slice[0];
+    if (len > 2) slice[1] = -0.0f;
+    DeviceBuffer<float> d_src(slice);
+    DeviceBuffer<float> d_dst(static_cast<size_t>(dim));
+    d_dst.Poison();
+    ASSERT_EQ(PlaceSlice(d_dst.get(), dim, d_src.get(), offset, len, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got = d_dst.Download();
+    for (int64_t i = 0; i < dim; ++i) {
+      const float want = i >= offset && i < offset + len ? slice[i - offset] : 0.0f;
+      ASSERT_EQ(0, std::memcmp(&got[i], &want, sizeof(float))) << "element " << i;
+    }
+  }
+  DeviceBuffer<float> d(8);
+  EXPECT_EQ(PlaceSlice(d.get(), 8, d.get(), 4, 5, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(PlaceSlice(d.get(), 8, d.get(), -1, 2, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(PlaceSlice(d.get(), 8, d.get(), 0, -1, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(PlaceSlice(nullptr, 8, d.get(), 0, 2, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(PlaceSlice(d.get(), 8, nullptr, 0, 2, nullptr), cudaErrorInvalidValue);
 }
 
 // Skip flags: set -> nothing written; clear -> bitwise the unflagged results; and the chain
