@@ -91,49 +91,72 @@ struct Providers {
   std::vector<CudaAttentionProvider*> ptrs;
 };
 
+// A model replaying whole-step graphs (index 0) and an eager one (1) of the generated
+// llama3-rope preset (vocab 2048), each with its providers and one sequence.
+struct GraphAndEager {
+  // Makes everything; false, with a test failure recorded, when something could not be made.
+  bool Make(int tp, uint64_t seed, int64_t bucket, bool first_sight, SelectionPolicyKind policy) {
+    PresetOptions preset;
+    preset.vocab_size = 2048;
+    auto made_config = PresetConfig("llama3-rope", preset);
+    if (!made_config.ok()) return Fail(made_config.status());
+    config = *made_config;
+    DummyWeightOptions dummy;
+    dummy.init = DummyInit::kHuggingFace;
+    dummy.seed = seed;
+    auto loaded = LoadDummyWeights(config, dummy);
+    if (!loaded.ok()) return Fail(loaded.status());
+    weights = std::make_unique<ModelWeights>(*std::move(loaded));
+    for (int eager = 0; eager < 2; ++eager) {
+      TpCudaModelOptions options;
+      options.tp_size = tp;
+      options.model.max_tokens = kMaxTokens;
+      options.model.max_chunk = kChunk;
+      options.model.max_batch = 4;
+      options.model.use_graphs = eager == 0;
+      options.model.step_graph_bucket = bucket;
+      options.model.capture_on_first_sight = first_sight && eager == 0;
+      auto m = TpCudaModel::Create(config, *weights, options);
+      if (!m.ok()) return Fail(m.status());
+      models[eager] = *std::move(m);
+    }
+    const SelectionOptions sel = gpu_test::SmallBudget(policy);  // budget 8 + 64 + 32
+    for (int i = 0; i < 2; ++i) {
+      providers[i] = std::make_unique<Providers>(models[i].get(), sel);
+      auto s = models[i]->NewSequence(kMaxTokens);
+      if (!s.ok()) return Fail(s.status());
+      seqs[i] = *std::move(s);
+    }
+    return true;
+  }
+  bool Fail(const absl::Status& status) {
+    ADD_FAILURE() << status;
+    return false;
+  }
+  ModelConfig config;
+  std::unique_ptr<ModelWeights> weights;
+  std::unique_ptr<TpCudaModel> models[2];
+  std::unique_ptr<Providers> providers[2];
+  std::unique_ptr<TpSequence> seqs[2];
+};
+
 TEST_P(StepGraphTest, ReplayedStepsEqualEagerOnes) {
   const Case c = GetParam();
   if (gpu_test::DeviceCount() < c.tp) GTEST_SKIP() << "needs " << c.tp << " GPUs";
-  PresetOptions preset;
-  preset.vocab_size = 2048;
-  auto config = PresetConfig("llama3-rope", preset);
-  ASSERT_TRUE(config.ok()) << config.status();
-  DummyWeightOptions dummy;
-  dummy.init = DummyInit::kHuggingFace;
-  dummy.seed = 11;
-  auto weights = LoadDummyWeights(*config, dummy);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  std::unique_ptr<TpCudaModel> models[2];  // 0: graphs, 1: eager
-  for (int eager = 0; eager < 2; ++eager) {
-    TpCudaModelOptions options;
-    options.tp_size = c.tp;
-    options.model.max_tokens = kMaxTokens;
-    options.model.max_chunk = kChunk;
-    options.model.max_batch = 4;
-    options.model.use_graphs = eager == 0;
-    options.model.step_graph_bucket = 24;
-    options.model.capture_on_first_sight = c.first_sight;
-    auto m = TpCudaModel::Create(*config, *weights, options);
-    ASSERT_TRUE(m.ok()) << m.status();
-    models[eager] = *std::move(m);
-  }
-  const SelectionOptions sel = gpu_test::SmallBudget(c.policy);  // budget 8 + 64 + 32
-  Providers providers[2] = {Providers(models[0].get(), sel), Providers(models[1].get(), sel)};
-  std::unique_ptr<TpSequence> seqs[2];
-  for (int i = 0; i < 2; ++i) {
-    auto s = models[i]->NewSequence(kMaxTokens);
-    ASSERT_TRUE(s.ok()) << s.status();
-    seqs[i] = *std::move(s);
-  }
+  GraphAndEager m;
+  ASSERT_TRUE(m.Make(c.tp, /*seed=*/11, /*bucket=*/24, c.first_sight, c.policy));
+  auto& models = m.models;
+  auto& seqs = m.seqs;
+  Providers* providers[2] = {m.providers[0].get(), m.providers[1].get()};
   // A prompt just under the budget, so that the first decode steps attend everything (no
   // device lengths for the selecting policies) and the later ones select.
-  const std::vector<int32_t> prompt = gpu_test::Prompt(96, 7, config->vocab_size);
+  const std::vector<int32_t> prompt = gpu_test::Prompt(96, 7, m.config.vocab_size);
   std::vector<float> logits[2];
   for (int i = 0; i < 2; ++i) {
     for (size_t begin = 0; begin < prompt.size(); begin += kChunk) {
       const size_t len = std::min<size_t>(kChunk, prompt.size() - begin);
       const absl::Status st = models[i]->Forward(
-          seqs[i].get(), absl::MakeConstSpan(prompt).subspan(begin, len), providers[i].ptrs,
+          seqs[i].get(), absl::MakeConstSpan(prompt).subspan(begin, len), providers[i]->ptrs,
           &logits[i]);
       ASSERT_TRUE(st.ok()) << st;
     }
@@ -147,7 +170,7 @@ TEST_P(StepGraphTest, ReplayedStepsEqualEagerOnes) {
     const int32_t token = *next;
     for (int i = 0; i < 2; ++i) {
       const absl::Status st = models[i]->Forward(seqs[i].get(), absl::MakeConstSpan(&token, 1),
-                                                 providers[i].ptrs, &logits[i]);
+                                                 providers[i]->ptrs, &logits[i]);
       ASSERT_TRUE(st.ok()) << "step " << step << ": " << st;
     }
     identical += logits[0] == logits[1] ? 1 : 0;
@@ -170,15 +193,15 @@ TEST_P(StepGraphTest, ReplayedStepsEqualEagerOnes) {
     EXPECT_GE(graphs.replays, steps / 2);
   }
   for (int r = 0; r < c.tp; ++r) {
-    const SelectionStats& a = providers[0].owned[r]->stats();
-    const SelectionStats& b = providers[1].owned[r]->stats();
+    const SelectionStats& a = providers[0]->owned[r]->stats();
+    const SelectionStats& b = providers[1]->owned[r]->stats();
     EXPECT_EQ(a.layer_steps, b.layer_steps) << "rank " << r;
     EXPECT_EQ(a.decode_layer_steps, b.decode_layer_steps) << "rank " << r;
     EXPECT_EQ(a.full_attention_steps, b.full_attention_steps) << "rank " << r;
     EXPECT_EQ(a.attended_tokens, b.attended_tokens) << "rank " << r;
     EXPECT_EQ(a.decode_attended_tokens, b.decode_attended_tokens) << "rank " << r;
     EXPECT_EQ(a.candidates_scored, b.candidates_scored) << "rank " << r;
-    const SelectionCacheCounters ca = providers[0].Counters(r), cb = providers[1].Counters(r);
+    const SelectionCacheCounters ca = providers[0]->Counters(r), cb = providers[1]->Counters(r);
     EXPECT_EQ(ca.hits, cb.hits) << "rank " << r;
     EXPECT_EQ(ca.misses, cb.misses) << "rank " << r;
     if (r == 0) {
@@ -212,49 +235,25 @@ class PromptEndCaptureTest : public testing::TestWithParam<int> {};
 TEST_P(PromptEndCaptureTest, FirstDecodeStepReplaysTheGraphCapturedAtThePromptsEnd) {
   const int tp = GetParam();
   if (gpu_test::DeviceCount() < tp) GTEST_SKIP() << "needs " << tp << " GPUs";
-  PresetOptions preset;
-  preset.vocab_size = 2048;
-  auto config = PresetConfig("llama3-rope", preset);
-  ASSERT_TRUE(config.ok()) << config.status();
-  DummyWeightOptions dummy;
-  dummy.init = DummyInit::kHuggingFace;
-  dummy.seed = 12;
-  auto weights = LoadDummyWeights(*config, dummy);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  std::unique_ptr<TpCudaModel> models[2];  // 0: graphs captured on first sight, 1: eager
-  for (int eager = 0; eager < 2; ++eager) {
-    TpCudaModelOptions options;
-    options.tp_size = tp;
-    options.model.max_tokens = kMaxTokens;
-    options.model.max_chunk = kChunk;
-    options.model.max_batch = 4;
-    options.model.use_graphs = eager == 0;
-    options.model.step_graph_bucket = 4096;  // one bound for the whole sequence
-    options.model.capture_on_first_sight = eager == 0;
-    auto m = TpCudaModel::Create(*config, *weights, options);
-    ASSERT_TRUE(m.ok()) << m.status();
-    models[eager] = *std::move(m);
-  }
-  const SelectionOptions sel = gpu_test::SmallBudget(SelectionPolicyKind::kTokenSelect);
-  Providers providers[2] = {Providers(models[0].get(), sel), Providers(models[1].get(), sel)};
-  std::unique_ptr<TpSequence> seqs[2];
-  for (int i = 0; i < 2; ++i) {
-    auto s = models[i]->NewSequence(kMaxTokens);
-    ASSERT_TRUE(s.ok()) << s.status();
-    seqs[i] = *std::move(s);
-  }
+  GraphAndEager m;
+  // One bound for the whole sequence: a single capture.
+  ASSERT_TRUE(m.Make(tp, /*seed=*/12, /*bucket=*/4096, /*first_sight=*/true,
+                     SelectionPolicyKind::kTokenSelect));
+  auto& models = m.models;
+  auto& seqs = m.seqs;
+  Providers* providers[2] = {m.providers[0].get(), m.providers[1].get()};
   // 160 tokens: past the budget (8 + 64 + 32), so the first decode step selects.
-  const std::vector<int32_t> prompt = gpu_test::Prompt(160, 9, config->vocab_size);
+  const std::vector<int32_t> prompt = gpu_test::Prompt(160, 9, m.config.vocab_size);
   const absl::Span<const int32_t> head = absl::MakeConstSpan(prompt).first(128);
   const absl::Span<const int32_t> tail = absl::MakeConstSpan(prompt).subspan(128);
   std::vector<float> logits[2];
   for (int i = 0; i < 2; ++i) {
-    const absl::Status st = models[i]->Forward(seqs[i].get(), head, providers[i].ptrs, nullptr);
+    const absl::Status st = models[i]->Forward(seqs[i].get(), head, providers[i]->ptrs, nullptr);
     ASSERT_TRUE(st.ok()) << st;
   }
-  auto picked = models[0]->ForwardGreedy(seqs[0].get(), tail, providers[0].ptrs);
+  auto picked = models[0]->ForwardGreedy(seqs[0].get(), tail, providers[0]->ptrs);
   ASSERT_TRUE(picked.ok()) << picked.status();
-  ASSERT_TRUE(models[1]->Forward(seqs[1].get(), tail, providers[1].ptrs, &logits[1]).ok());
+  ASSERT_TRUE(models[1]->Forward(seqs[1].get(), tail, providers[1]->ptrs, &logits[1]).ok());
   CudaModel::StepGraphCounts graphs = models[0]->shard(0)->step_graph_counts();
   EXPECT_EQ(graphs.captures, 1);
   EXPECT_EQ(graphs.replays, 0);
@@ -266,11 +265,11 @@ TEST_P(PromptEndCaptureTest, FirstDecodeStepReplaysTheGraphCapturedAtThePromptsE
   for (int step = 0; step < steps; ++step) {
     const int32_t token = *want;
     picked = models[0]->ForwardGreedy(seqs[0].get(), absl::MakeConstSpan(&token, 1),
-                                      providers[0].ptrs);
+                                      providers[0]->ptrs);
     ASSERT_TRUE(picked.ok()) << "step " << step << ": " << picked.status();
     ASSERT_TRUE(models[0]->CopyLastLogits(&logits[0]).ok());
     const absl::Status st = models[1]->Forward(seqs[1].get(), absl::MakeConstSpan(&token, 1),
-                                               providers[1].ptrs, &logits[1]);
+                                               providers[1]->ptrs, &logits[1]);
     ASSERT_TRUE(st.ok()) << "step " << step << ": " << st;
     identical += logits[0] == logits[1] ? 1 : 0;
     want = models[1]->GreedyToken();
