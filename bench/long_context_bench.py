@@ -40,10 +40,13 @@ def make_model(cli, out):
     open(path, "w").write(text)
 
 
-def copy_bandwidth():
+def copy_bandwidth(device):
+    """Device-to-device copy on GPU `device` (the first GPU of the first job: two invocations on
+    disjoint GPUs must not measure on the same one at the same time)."""
     try:
         import torch
-        x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        torch.cuda.set_device(device)  # this process only measures; the jobs are children
+        x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda:%d" % device)
         y = torch.empty_like(x)
         x_bytes = x.numel()
         for _ in range(3):
@@ -57,7 +60,7 @@ def copy_bandwidth():
             times.append(time.perf_counter() - t)
         times.sort()
         del x, y
-        torch.cuda.empty_cache()  # GPU 0 runs a job next
+        torch.cuda.empty_cache()  # this GPU runs a job next
         return 2 * x_bytes / times[len(times) // 2]
     except Exception as e:  # torch missing: no floor column
         print("copy bandwidth not measured: %s" % e, flush=True)
@@ -133,7 +136,6 @@ def main():
     rng = random.Random(5)
     with open(os.path.join(a.work, "prompt.ids"), "w") as f:
         f.write(",".join(str(rng.randrange(5, 120000)) for _ in range(a.tokens)))
-    bw = copy_bandwidth()
     gpus = lambda n: ",".join(str(a.first_gpu + i) for i in range(n))
     jobs = {  # name: (GPUs, tp, kv dtype)
         "tp2-bf16": (gpus(2), 2, "bf16"),
@@ -142,6 +144,7 @@ def main():
         "tp2-fp8": (gpus(2), 2, "fp8"),
     }
     wanted = [j for j in a.jobs.split(",") if j]
+    bw = copy_bandwidth(int(jobs[wanted[0]][0].split(",")[0]) if wanted else 0)
     # Phase 1: end to end, TokenSelect. Phase 2: bench_tp_cuda dense + TokenSelect.
     results = {}
     for phase in [p for p in ("generate", "bench") if p in a.phases.split(",")]:
