@@ -73,9 +73,53 @@ class PeerAllReduceTest : public ::testing::TestWithParam<int> {
     group_ = *std::move(made);
   }
 
+  // Per rank, on one stream: call c's `count` 32-bit words host(c, r, i) in a buffer of its own,
+  // a barrier (every rank has allocated), then launch(c, r, buffer, skip_flags, stream) for
+  // c = 0 .. calls - 1 with no host sync between them (skip_flags: a device [0] = 0, [1] = 1,
+  // a clear and a set skip flag). Returns every buffer as the calls left it: [rank][call].
+  using Words = std::vector<uint32_t>;
+  std::vector<std::vector<Words>> RunCalls(
+      int calls, int64_t count, const std::function<uint32_t(int, int, int64_t)>& host,
+      const std::function<cudaError_t(int, int, float*, const int32_t*, cudaStream_t)>& launch) {
+    std::vector<std::vector<Words>> got(n_, std::vector<Words>(calls));
+    RankBarrier allocated(n_);
+    OnRanks(n_, [&](int r) {
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      int32_t* flags = nullptr;
+      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&flags), 8));
+      const int32_t host_flags[2] = {0, 1};
+      CUDA_OK(cudaMemcpy(flags, host_flags, 8, cudaMemcpyHostToDevice));
+      std::vector<float*> data(calls);
+      for (int c = 0; c < calls; ++c) {
+        Words words(count);
+        for (int64_t i = 0; i < count; ++i) words[i] = host(c, r, i);
+        CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&data[c]), count * 4));
+        CUDA_OK(cudaMemcpy(data[c], words.data(), count * 4, cudaMemcpyHostToDevice));
+      }
+      ASSERT_TRUE(allocated.Wait().ok());
+      for (int c = 0; c < calls; ++c) ASSERT_EQ(launch(c, r, data[c], flags, s), cudaSuccess);
+      CUDA_OK(cudaStreamSynchronize(s));
+      for (int c = 0; c < calls; ++c) {
+        got[r][c].resize(count);
+        CUDA_OK(cudaMemcpy(got[r][c].data(), data[c], count * 4, cudaMemcpyDeviceToHost));
+        cudaFree(data[c]);
+      }
+      cudaFree(flags);
+      cudaStreamDestroy(s);
+    });
+    return got;
+  }
+
   int n_ = 0;
   std::shared_ptr<PeerAllReduceGroup> group_;
 };
+
+uint32_t BitsOf(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return bits;
+}
 
 struct Call {
   int64_t count;
@@ -233,36 +277,11 @@ TEST_P(PeerAllReduceTest, SkippedCallsChangeNothing) {
   // calls are skipped.
   constexpr int64_t kSmall = 3000;
   auto count_of = [](int c) { return c % 4 < 2 ? kCount : kSmall; };
-  std::vector<std::vector<std::vector<float>>> got(n_, std::vector<std::vector<float>>(kCalls));
-  RankBarrier allocated(n_);
-  OnRanks(n_, [&](int r) {
-    cudaStream_t s;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    int32_t* flags = nullptr;  // [0] = 0, [1] = 1
-    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&flags), 8));
-    const int32_t host_flags[2] = {0, 1};
-    CUDA_OK(cudaMemcpy(flags, host_flags, 8, cudaMemcpyHostToDevice));
-    std::vector<float*> data(kCalls);
-    for (int c = 0; c < kCalls; ++c) {
-      std::vector<float> host(kCount);
-      for (int64_t i = 0; i < kCount; ++i) host[i] = Input<float>(c, r, i);
-      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&data[c]), kCount * 4));
-      CUDA_OK(cudaMemcpy(data[c], host.data(), kCount * 4, cudaMemcpyHostToDevice));
-    }
-    ASSERT_TRUE(allocated.Wait().ok());
-    for (int c = 0; c < kCalls; ++c) {
-      ASSERT_EQ(PeerAllReduceSum(data[c], count_of(c), group_->view(r), s, flags + (c % 2)),
-                cudaSuccess);
-    }
-    CUDA_OK(cudaStreamSynchronize(s));
-    for (int c = 0; c < kCalls; ++c) {
-      got[r][c].resize(kCount);
-      CUDA_OK(cudaMemcpy(got[r][c].data(), data[c], kCount * 4, cudaMemcpyDeviceToHost));
-      cudaFree(data[c]);
-    }
-    cudaFree(flags);
-    cudaStreamDestroy(s);
-  });
+  const auto got = RunCalls(
+      kCalls, kCount, [](int c, int r, int64_t i) { return BitsOf(Input<float>(c, r, i)); },
+      [&](int c, int r, float* data, const int32_t* flags, cudaStream_t s) {
+        return PeerAllReduceSum(data, count_of(c), group_->view(r), s, flags + (c % 2));
+      });
   for (int c = 0; c < kCalls; ++c) {
     for (int r = 0; r < n_; ++r) {
       std::vector<float> want(kCount);
@@ -284,44 +303,20 @@ TEST_P(PeerAllReduceTest, SkippedCallsChangeNothing) {
 TEST_P(PeerAllReduceTest, MarkerBitsArriveAsNaNAndLeaveTheSlotsClean) {
   constexpr int64_t kCount = 1000;
   constexpr int kCalls = 6;  // 0, 2, 4 carry markers; 1, 3, 5 are ordinary
-  std::vector<std::vector<std::vector<uint32_t>>> got(n_, std::vector<std::vector<uint32_t>>(kCalls));
-  auto input = [](int c, int r, int64_t i) {
-    const float v = Input<float>(c, r, i);
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    return c % 2 == 0 && i % 7 == r ? 0xffffffffu : bits;
-  };
-  RankBarrier allocated(n_);
-  OnRanks(n_, [&](int r) {
-    cudaStream_t s;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    std::vector<float*> data(kCalls);
-    for (int c = 0; c < kCalls; ++c) {
-      std::vector<uint32_t> host(kCount);
-      for (int64_t i = 0; i < kCount; ++i) host[i] = input(c, r, i);
-      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&data[c]), kCount * 4));
-      CUDA_OK(cudaMemcpy(data[c], host.data(), kCount * 4, cudaMemcpyHostToDevice));
-    }
-    ASSERT_TRUE(allocated.Wait().ok());
-    for (int c = 0; c < kCalls; ++c) {
-      ASSERT_EQ(PeerAllReduceSum(data[c], kCount, group_->view(r), s), cudaSuccess);
-    }
-    CUDA_OK(cudaStreamSynchronize(s));
-    for (int c = 0; c < kCalls; ++c) {
-      got[r][c].resize(kCount);
-      CUDA_OK(cudaMemcpy(got[r][c].data(), data[c], kCount * 4, cudaMemcpyDeviceToHost));
-      cudaFree(data[c]);
-    }
-    cudaStreamDestroy(s);
-  });
+  const auto got = RunCalls(
+      kCalls, kCount,
+      [](int c, int r, int64_t i) {
+        return c % 2 == 0 && i % 7 == r ? 0xffffffffu : BitsOf(Input<float>(c, r, i));
+      },
+      [&](int c, int r, float* data, const int32_t*, cudaStream_t s) {
+        return PeerAllReduceSum(data, kCount, group_->view(r), s);
+      });
   for (int c = 0; c < kCalls; ++c) {
     const std::vector<float> sums = Expected<float>(c, n_, kCount);
     for (int r = 0; r < n_; ++r) {
       int wrong = 0;
       for (int64_t i = 0; i < kCount; ++i) {
-        uint32_t want;
-        std::memcpy(&want, &sums[i], 4);
-        if (c % 2 == 0 && i % 7 < n_) want = 0x7fffffffu;
+        const uint32_t want = c % 2 == 0 && i % 7 < n_ ? 0x7fffffffu : BitsOf(sums[i]);
         wrong += got[r][c][i] != want;
       }
       EXPECT_EQ(wrong, 0) << "call " << c << " rank " << r;
