@@ -13,21 +13,34 @@
 // warp's own lanes touch its stages, so cp.async.wait_group + __syncwarp order everything.
 //
 // Per tile, with mma.sync m16n8k16 (bf16 in, fp32 accumulate; sm_80+), g = lane / 4, t = lane % 4:
-//   S^T [16 x 16] = Q [16 x d] . K^T: rows are the g query heads of this kv head (rows >= g are
-//     zero), two n = 8 halves of tokens, d / 16 k-steps. K's B fragments come from ldmatrix
-//     (x4: both token halves, both 8-dim halves of a k-step): thread (g, t) holds dims
-//     16 kk + 2t + {0, 1, 8, 9} of tokens g and 8 + g, and k-steps kk and kk + d/32 hold the
+//   S^T [16 x 16] = Q [16 x d] . K^T: rows are the query heads of this kv head (below; rows of
+//     heads >= G are zero), two n = 8 halves of tokens, d / 16 k-steps. K's B fragments come
+//     from ldmatrix (x4: both token halves, both 8-dim halves of a k-step): thread (g, t) holds
+//     dims 16 kk + 2t + {0, 1, 8, 9} of tokens g and 8 + g, and k-steps kk and kk + d/32 hold the
 //     rotate_half partners (dim i and i + d/2), so RoPE is applied in registers (fp32, HF angle,
-//     at gather time). Rotated K and Q are split into bf16 hi + lo parts and multiplied as
-//     hi.hi + lo.hi + hi.lo (3 mma per k-step), which keeps the scores at ~fp32 accuracy.
-//     Q's fragments are built once per block into shared memory.
+//     at gather time). Rotated K and Q are split into bf16 hi + lo parts, which keeps the
+//     scores at ~fp32 accuracy: Q's hi parts are A's rows g and its lo parts rows g + 8 (a head
+//     group has at most 8 heads), so one mma with K's hi part and one with its lo part give
+//     hi.hi + lo.hi in rows g / g + 8 and hi.lo + lo.lo on top; a score is row g + row g + 8
+//     (the same thread's c0 + c2, c1 + c3). Q's fragments are built once per block into shared
+//     memory in exactly the A register order (one 16-byte load per mma pair, no moves).
 //   Online softmax (base 2) on the C fragments: thread (g, t) holds head g's scores of tokens
 //     2t, 2t+1 of each half; the tile max meets over the 4 threads of a row by shuffles.
 //   O^T [d x 16] += V^T . P^T (16 dims per mma, d / 16 mma): P^T's B fragments are exactly the
 //     S^T accumulators (bf16), no data movement; V^T's A fragments come from ldmatrix.trans of
 //     the V rows (tokens x 8 dims matrices, transposed in flight).
-// Registers: ~123 at d = 128; shared memory ~107 KiB per block (two blocks per SM, the occupancy
-// limit). One wave of blocks is fastest (PlanDecodeSplits).
+// Registers: ~140-157 at d = 128; shared memory ~107 KiB per block (two blocks per SM, the
+// occupancy limit). One wave of blocks is fastest (PlanDecodeSplits).
+//
+// The kernel is bound by instruction issue, not by memory: Nsight Compute (eleventh session, 1M
+// tokens) showed 65% issue-slot use at 2 warps per scheduler, L2 at 96% and DRAM at 86% of peak,
+// and "selected" / "wait" / "dispatch" as the top stall reasons (long scoreboard 4%), ~1215
+// instructions per 16-token tile of which RoPE (angle, reduction, sincos, rotation) is ~380. The
+// eleventh session cut ~20% of them: 2 instead of 3 mma per k-step half with no zero or copied
+// A registers (above; ~130 moves per tile), the hi/lo split without byte permutes, and a cache
+// row's address as one 32 x 32 -> 64-bit multiply-add off a per-lane base pointer (was 64-bit
+// index arithmetic, ~100 instructions per tile). Dense decode went 1.288 -> 1.145 / 1.151 ms at
+// 1M, 0.634 -> 0.572 / 0.577 at 512K (same call, two runs each; 88% / 90% of cuDNN SDPA).
 //
 // Measured on H200, Llama-3-8B shape, paged slots (bench/kernels_cuda_bench.cu, each figure in
 // the same run as cuDNN SDPA on contiguous K/V; two runs of this kernel): 1M tokens 1.18 / 1.26 ms
@@ -70,11 +83,12 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// x = hi + lo with both parts bf16-representable (to ~2^-16 relative); packs pairs.
+// x = hi + lo with both parts bf16-representable (to ~2^-16 relative); packs pairs. The hi
+// halves are read back by bit operations (no byte permutes).
 __device__ __forceinline__ void SplitPack(float x0, float x1, uint32_t* hi, uint32_t* lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-  *hi = *reinterpret_cast<const uint32_t*>(&h);
-  *lo = PackBf16(x0 - __low2float(h), x1 - __high2float(h));
+  const uint32_t h = PackBf16(x0, x1);
+  *hi = h;
+  *lo = PackBf16(x0 - __uint_as_float(h << 16), x1 - __uint_as_float(h & 0xffff0000u));
 }
 
 // c += a . b for one m16n8k16 tile (a0..a3: the A fragment registers, b0, b1: B's).
@@ -162,12 +176,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   constexpr int KH = KS / 2;     // k-step of the rotate_half partner
   constexpr int kHalf = D / 2;
   constexpr int CPR = D / 8;     // 16 B chunks per row
-  constexpr int TPI = 32 / CPR;  // rows a warp copies per instruction
   using Stage = StageLayout<D>;
   using RawStage = Fp8StageLayout<D>;
   constexpr int NS = StagesOf<kFp8>();
   constexpr int CPR8 = D / 16;    // FP8: 16 B chunks per row
-  constexpr int TPI8 = 32 / CPR8;  // FP8: rows a warp copies per instruction
   // Per warp: where stage st starts, and its rows' and positions' offsets.
   constexpr int kStageBytes = kFp8 ? RawStage::kBytes : Stage::kBytes;
   constexpr int kRowsBytes = kFp8 ? RawStage::kRowsBytes : Stage::kRowsBytes;
@@ -213,9 +225,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     }
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
-      uint4 f;
-      SplitPack(x[kk][0], x[kk][1], &f.x, &f.z);
-      SplitPack(x[kk][2], x[kk][3], &f.y, &f.w);
+      uint4 f;  // {a0, a1, a2, a3}: hi of row g, lo as row g + 8
+      SplitPack(x[kk][0], x[kk][1], &f.x, &f.y);
+      SplitPack(x[kk][2], x[kk][3], &f.z, &f.w);
       sm_q[kk * 32 + lane] = f;
     }
   }
@@ -257,33 +269,27 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   int32_t ids = copy_jb < end ? fetch_ids() : 0;
   // Copies tile copy_jb into stage st (nothing past the range; a group is committed anyway so
   // that the counting stays uniform), then fetches the ids of the warp's next tile.
+  // This lane's 16 bytes of a cache row: the row's start plus lane_k / lane_v; a row's address
+  // is one 32 x 32 -> 64-bit multiply-add (slots are non-negative int32, rows < 4 GiB).
+  constexpr int kElemBytes = kFp8 ? 1 : 2;
+  constexpr int kCpr = kFp8 ? CPR8 : CPR;  // 16 B chunks per row
+  const uint32_t row_bytes = static_cast<uint32_t>(row) * kElemBytes;
+  const int lane_off = (kv * D) * kElemBytes + (lane % kCpr) * 16;
+  const unsigned char* lane_k = static_cast<const unsigned char*>(p.k_cache) + lane_off;
+  const unsigned char* lane_v = static_cast<const unsigned char*>(p.v_cache) + lane_off;
   auto issue = [&](int st) {
     if (copy_jb < end) {
       const uint32_t stage = my_stages + st * kStageBytes;
-      if constexpr (kFp8) {
-        const uint8_t* k_cache = static_cast<const uint8_t*>(p.k_cache);
-        const uint8_t* v_cache = static_cast<const uint8_t*>(p.v_cache);
+      constexpr int kRowsPerCopy = 32 / kCpr;
 #pragma unroll
-        for (int i = 0; i < kTile / TPI8; ++i) {
-          const int r = i * TPI8 + lane / CPR8;
-          const int32_t slot = __shfl_sync(0xffffffffu, ids, r);
-          const int64_t off = static_cast<int64_t>(slot) * row + kv * D + (lane % CPR8) * 16;
-          const uint32_t dst = stage + r * D + (lane % CPR8) * 16;
-          CpAsync16(dst, k_cache + off);
-          CpAsync16(dst + RawStage::kRowsBytes, v_cache + off);
-        }
-      } else {
-        const __nv_bfloat16* k_cache = static_cast<const __nv_bfloat16*>(p.k_cache);
-        const __nv_bfloat16* v_cache = static_cast<const __nv_bfloat16*>(p.v_cache);
-#pragma unroll
-        for (int i = 0; i < kTile / TPI; ++i) {
-          const int r = i * TPI + lane / CPR;
-          const int32_t slot = __shfl_sync(0xffffffffu, ids, r);
-          const int64_t off = static_cast<int64_t>(slot) * row + kv * D + (lane % CPR) * 8;
-          const uint32_t dst = stage + (r * Stage::kRowElems + (lane % CPR) * 8) * 2;
-          CpAsync16(dst, k_cache + off);
-          CpAsync16(dst + Stage::kRowsBytes, v_cache + off);
-        }
+      for (int i = 0; i < kTile / kRowsPerCopy; ++i) {
+        const int r = i * kRowsPerCopy + lane / kCpr;
+        const uint64_t off = static_cast<uint64_t>(static_cast<uint32_t>(
+                                 __shfl_sync(0xffffffffu, ids, r))) * row_bytes;
+        const uint32_t dst = kFp8 ? stage + r * D + (lane % kCpr) * 16
+                                  : stage + (r * Stage::kRowElems + (lane % kCpr) * 8) * 2;
+        CpAsync16(dst, lane_k + off);
+        CpAsync16(dst + kRowsBytes, lane_v + off);
       }
       if (lane >= 16) {
         const uint32_t dst = stage + 2 * kRowsBytes + (lane - 16) * 4;
@@ -375,12 +381,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
         SplitPack(y[2], y[3], &yh1, &yl1);
         const uint4 qa = sm_q[kk * 32 + lane];
         const uint4 qb = sm_q[(kk + KH) * 32 + lane];
-        Mma(acc[hf], qa.x, 0u, qa.y, 0u, xh0, xh1);
-        Mma(acc[hf], qa.x, 0u, qa.y, 0u, xl0, xl1);
-        Mma(acc[hf], qa.z, 0u, qa.w, 0u, xh0, xh1);
-        Mma(acc[hf], qb.x, 0u, qb.y, 0u, yh0, yh1);
-        Mma(acc[hf], qb.x, 0u, qb.y, 0u, yl0, yl1);
-        Mma(acc[hf], qb.z, 0u, qb.w, 0u, yh0, yh1);
+        Mma(acc[hf], qa.x, qa.y, qa.z, qa.w, xh0, xh1);
+        Mma(acc[hf], qa.x, qa.y, qa.z, qa.w, xl0, xl1);
+        Mma(acc[hf], qb.x, qb.y, qb.z, qb.w, yh0, yh1);
+        Mma(acc[hf], qb.x, qb.y, qb.z, qb.w, yl0, yl1);
       }
     }
     float s[2][2];
@@ -388,7 +392,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        s[hf][e] = jb + 8 * hf + 2 * t + e < end ? acc[hf][e] : -INFINITY;
+        s[hf][e] = jb + 8 * hf + 2 * t + e < end ? acc[hf][e] + acc[hf][2 + e] : -INFINITY;
       }
     }
 
@@ -465,7 +469,8 @@ cudaError_t ConfigureDecodeSplitMma() {
 
 template <int D, bool kFp8>
 cudaError_t ConfigureDecodeDim() {
-  for (cudaError_t e : {ConfigureDecodeSplitMma<D, 1, kFp8>(), ConfigureDecodeSplitMma<D, 2, kFp8>(),
+  for (cudaError_t e : {ConfigureDecodeSplitMma<D, 1, kFp8>(),
+                        ConfigureDecodeSplitMma<D, 2, kFp8>(),
                         ConfigureDecodeSplitMma<D, 4, kFp8>(),
                         ConfigureDecodeSplitMma<D, 8, kFp8>()}) {
     if (e != cudaSuccess) return e;
