@@ -88,21 +88,41 @@ __device__ __forceinline__ void FinishScoreStats(const KeyScoreParams& p, const 
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // S consecutive lanes per head (S a power of two <= 32, as many as the block allows), lane s
+  // of a head's group taking blocks s, s + S, ... with 8 loads in flight; then the group meets
+  // in a fixed xor tree (CombineStats is symmetric, so every lane of the group ends with the
+  // same state: deterministic). The serial combine this replaced (one warp per head, lanes over
+  // the blocks) took ~12 dependent L2 round trips in one block at the end of every call.
   const int num_heads = static_cast<int>(p.num_heads);
-  for (int h = warp; h < num_heads; h += blockDim.x / 32) {
+  const int blocks = static_cast<int>(gridDim.x);
+  int group = 1;
+  while (group < 32 && 2 * group * num_heads <= static_cast<int>(blockDim.x)) group *= 2;
+  const int heads_per_round = static_cast<int>(blockDim.x) / group;
+  const int s = static_cast<int>(threadIdx.x) % group;
+  constexpr int kInFlight = 8;
+  for (int h0 = 0; h0 < num_heads; h0 += heads_per_round) {  // block-uniform
+    const int h = h0 + static_cast<int>(threadIdx.x) / group;
     float2 acc = make_float2(-INFINITY, 0.0f);
-    for (int b = lane; b < static_cast<int>(gridDim.x); b += 32) {
-      acc = CombineStats(acc, __ldcg(&ws.partial[b * num_heads + h]));
-    }
+    if (h < num_heads) {
+      for (int b0 = s; b0 < blocks; b0 += kInFlight * group) {
+        float2 v[kInFlight];
 #pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) {
+        for (int u = 0; u < kInFlight; ++u) {
+          const int b = b0 + u * group;
+          v[u] = b < blocks ? __ldcg(&ws.partial[b * num_heads + h])
+                            : make_float2(-INFINITY, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) acc = CombineStats(acc, v[u]);
+      }
+    }
+    for (int off = 1; off < group; off <<= 1) {
       float2 other;
       other.x = __shfl_xor_sync(0xffffffffu, acc.x, off);
       other.y = __shfl_xor_sync(0xffffffffu, acc.y, off);
       acc = CombineStats(acc, other);
     }
-    if (lane == 0) {
+    if (s == 0 && h < num_heads) {
       p.head_max[h] = acc.x;
       p.head_inv_sum[h] = 1.0f / acc.y;
     }
