@@ -2,12 +2,10 @@
 
 #include <utility>
 
-#include "absl/time/clock.h"
 #include "common/ids.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "decode_worker/decode_service.h"
-#include "wire/worker_setup.h"
 
 namespace tokenselect::decode_worker {
 
@@ -47,10 +45,8 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> StartDecodeWorker(
       wire::WorkerServer server,
       wire::StartWorkerServer("decode worker", options.listen_address, options.credentials,
                               options.max_receive_message_bytes, w->service_.get()));
-  w->server_ = std::move(server.server);
-  w->port_ = server.port;
-  w->address_ = std::move(server.address);
-  TS_LOG(INFO, "decode worker {} listening on {} ({})", w->worker_id_, w->address_,
+  w->server_ = std::move(server);
+  TS_LOG(INFO, "decode worker {} listening on {} ({})", w->worker_id_, w->address(),
          w->backend_->Describe());
   return w;
 }
@@ -61,14 +57,9 @@ void DecodeWorker::Shutdown(absl::Duration grace) {
     if (shut_down_) return;
     shut_down_ = true;
   }
-  if (server_ != nullptr && server_->GetHealthCheckService() != nullptr) {
-    server_->GetHealthCheckService()->SetServingStatus(false);
-  }
-  if (engine_ != nullptr) engine_->Shutdown(grace);  // every stream ends here
-  if (server_ != nullptr) {
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-    server_->Wait();
-  }
+  wire::StopWorkerServer(&server_, [&] {
+    if (engine_ != nullptr) engine_->Shutdown(grace);  // every stream ends here
+  });
 }
 
 DecodeWorker::~DecodeWorker() { Shutdown(absl::ZeroDuration()); }

@@ -19,6 +19,7 @@
 #include "engine/transfer/kv_links.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "wire/worker_setup.h"
 
 namespace tokenselect::decode_worker {
 
@@ -53,8 +54,8 @@ class DecodeWorker {
   DecodeWorker& operator=(const DecodeWorker&) = delete;
 
   // The bound port and "host:port" as clients reach it.
-  int port() const { return port_; }
-  const std::string& address() const { return address_; }
+  int port() const { return server_.port; }
+  const std::string& address() const { return server_.address; }
   const std::string& worker_id() const { return worker_id_; }
   DecodeEngine& engine() { return *engine_; }
   // The CPU backend's pool (tests check it for leaks); null on a GPU.
@@ -73,9 +74,7 @@ class DecodeWorker {
   std::unique_ptr<engine::KvLinkAcceptor> links_;  // destroyed after the server and engine
   std::unique_ptr<DecodeEngine> engine_;
   std::unique_ptr<grpc::Service> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-  std::string address_;
+  wire::WorkerServer server_;
   std::string worker_id_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

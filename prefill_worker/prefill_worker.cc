@@ -4,14 +4,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/clock.h"
 #include "common/ids.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "prefill_worker/kv_push_service.h"
 #include "prefill_worker/metered_kv_transport.h"
 #include "prefill_worker/prefill_service.h"
-#include "wire/worker_setup.h"
 
 namespace tokenselect::prefill_worker {
 
@@ -62,11 +60,9 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> StartPrefillWorker(
       wire::WorkerServer server,
       wire::StartWorkerServer("prefill worker", options.listen_address, options.credentials,
                               options.max_receive_message_bytes, w->service_.get()));
-  w->server_ = std::move(server.server);
-  w->port_ = server.port;
-  w->address_ = std::move(server.address);
+  w->server_ = std::move(server);
   TS_LOG(INFO, "prefill worker {} listening on {} ({}; KV transport {})", w->worker_id_,
-         w->address_, w->backend_->Describe(), options.transport_kind);
+         w->address(), w->backend_->Describe(), options.transport_kind);
   return w;
 }
 
@@ -76,14 +72,9 @@ void PrefillWorker::Shutdown(absl::Duration grace) {
     if (shut_down_) return;
     shut_down_ = true;
   }
-  if (server_ != nullptr && server_->GetHealthCheckService() != nullptr) {
-    server_->GetHealthCheckService()->SetServingStatus(false);
-  }
-  if (engine_ != nullptr) engine_->Shutdown(grace);
-  if (server_ != nullptr) {
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-    server_->Wait();
-  }
+  wire::StopWorkerServer(&server_, [&] {
+    if (engine_ != nullptr) engine_->Shutdown(grace);
+  });
 }
 
 PrefillWorker::~PrefillWorker() { Shutdown(absl::ZeroDuration()); }

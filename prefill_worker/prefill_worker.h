@@ -23,6 +23,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "prefill_worker/prefill_engine.h"
+#include "wire/worker_setup.h"
 
 namespace tokenselect::prefill_worker {
 
@@ -61,8 +62,8 @@ class PrefillWorker {
   PrefillWorker(const PrefillWorker&) = delete;
   PrefillWorker& operator=(const PrefillWorker&) = delete;
 
-  int port() const { return port_; }
-  const std::string& address() const { return address_; }
+  int port() const { return server_.port; }
+  const std::string& address() const { return server_.address; }
   const std::string& worker_id() const { return worker_id_; }
   PrefillEngine& engine() { return *engine_; }
   // The CPU backend's pool (tests check it for leaks); null on a GPU.
@@ -83,9 +84,7 @@ class PrefillWorker {
   std::unique_ptr<engine::KvTransport> owned_transport_;    // NCCL, over the two above
   std::unique_ptr<PrefillEngine> engine_;
   std::unique_ptr<grpc::Service> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-  std::string address_;
+  wire::WorkerServer server_;
   std::string worker_id_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

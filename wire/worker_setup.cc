@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 #include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -64,6 +66,18 @@ absl::StatusOr<WorkerServer> StartWorkerServer(absl::string_view who,
   }
   started.address = rpc::DialTarget(listen_address, started.port);
   return started;
+}
+
+void StopWorkerServer(WorkerServer* server, const std::function<void()>& drain) {
+  grpc::Server* s = server->server.get();
+  if (s != nullptr && s->GetHealthCheckService() != nullptr) {
+    s->GetHealthCheckService()->SetServingStatus(false);
+  }
+  drain();
+  if (s != nullptr) {
+    s->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    s->Wait();
+  }
 }
 
 }  // namespace tokenselect::wire

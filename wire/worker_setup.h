@@ -1,11 +1,12 @@
 // The start-up both worker binaries share, from their flag values: server credentials for the
 // --tls_* flags, the default selection (--selection_*, selection_flags.h) and the optional /metrics
-// endpoint; and the start of their gRPC servers. The values come in as options: the worker binaries
-// read them from the flags of worker_flags.h (the CLI's `serve`, which links both workers, has
-// flags of its own).
+// endpoint; and the start and stop of their gRPC servers. The values come in as options: the
+// worker binaries read them from the flags of worker_flags.h (the CLI's `serve`, which links both
+// workers, has flags of its own).
 #ifndef TOKENSELECT_WIRE_WORKER_SETUP_H_
 #define TOKENSELECT_WIRE_WORKER_SETUP_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -53,6 +54,12 @@ absl::StatusOr<WorkerServer> StartWorkerServer(absl::string_view who,
                                                std::shared_ptr<grpc::ServerCredentials> credentials,
                                                int max_receive_message_bytes,
                                                grpc::Service* service);
+
+// Stops a worker's server in the order both workers need: health checks answer NOT_SERVING
+// first (probes stop routing to it), then `drain` runs (the worker's engine ends its open
+// streams), then the server shuts down with 1 s for the calls still open and is waited for.
+// `drain` runs also when the server never started (null server).
+void StopWorkerServer(WorkerServer* server, const std::function<void()>& drain);
 
 }  // namespace tokenselect::wire
 
