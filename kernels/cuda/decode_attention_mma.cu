@@ -190,7 +190,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   const int kv = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t row = p.num_kv_heads * D;
 
   for (int i = threadIdx.x; i < kHalf; i += blockDim.x) sm_freq[i] = __ldg(p.inv_freq + i);
   __syncthreads();
@@ -273,7 +272,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   // is one 32 x 32 -> 64-bit multiply-add (slots are non-negative int32, rows < 4 GiB).
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   constexpr int kCpr = kFp8 ? CPR8 : CPR;  // 16 B chunks per row
-  const uint32_t row_bytes = static_cast<uint32_t>(row) * kElemBytes;
+  const uint32_t row_bytes = static_cast<uint32_t>(p.num_kv_heads * D * kElemBytes);
   const int lane_off = (kv * D) * kElemBytes + (lane % kCpr) * 16;
   const unsigned char* lane_k = static_cast<const unsigned char*>(p.k_cache) + lane_off;
   const unsigned char* lane_v = static_cast<const unsigned char*>(p.v_cache) + lane_off;
