@@ -142,6 +142,7 @@ ExactSelection::ExactSelection(int64_t n, int64_t k, int64_t num_heads, int64_t 
       topk_workspace(kernels::cuda::TopKWorkspaceBytes(n)),
       top(static_cast<size_t>(k)) {
   score_workspace.Zero();
+  topk_workspace.Zero();
   score.logits = logits.get();
   score.head_max = head_max.get();
   score.head_inv_sum = head_inv_sum.get();

@@ -144,6 +144,8 @@ cudaError_t InfLlmSelect(const InfLlmSelectParams& p, cudaStream_t stream) {
   g.num_kv_heads = static_cast<int>(pr.num_kv_heads);
   g.scale = pr.scale;
   TS_CUDA_RETURN_IF_ERROR(LaunchGroupScore<false>(g, pr.head_dim, stream));
+  // This workspace needs no initialisation; TopK's part must be zero at launch.
+  TS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(w.topk_ws, 0, TopKWorkspaceBytes(0), stream));
   TopKParams tp;
   tp.out = w.topk_out;
   tp.scores = p.block_scores;

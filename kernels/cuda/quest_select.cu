@@ -275,6 +275,8 @@ cudaError_t QuestChoosePages(const QuestSelectParams& p, cudaStream_t stream) {
   if (pr.k == 0) return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
   Carver carver(p.workspace);
   const QuestWorkspace w = CarveQuest(&carver, pages, pr.k, p.page_size);
+  // This workspace needs no initialisation; TopK's part must be zero at launch.
+  TS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(w.topk_ws, 0, TopKWorkspaceBytes(0), stream));
   TopKParams tp;
   tp.out = w.topk_out;
   tp.scores = p.page_scores;

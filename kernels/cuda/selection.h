@@ -88,7 +88,8 @@ cudaError_t VoteFromLogits(const VoteParams& params, cudaStream_t stream);
 struct TopKParams {
   int32_t* out = nullptr;               // [min(k, n)] indices, ascending
   const float* scores = nullptr;        // [n]
-  void* workspace = nullptr;            // TopKWorkspaceBytes() bytes (no initialisation needed)
+  // TopKWorkspaceBytes() bytes, zeroed once after allocation (the kernel leaves it zeroed).
+  void* workspace = nullptr;
   int64_t n = 0;                        // up to 2^31 - 1; a bound when device_n is set
   DeviceLength device_n;                // optional: the current n on the device
   int64_t k = 0;
@@ -97,11 +98,11 @@ struct TopKParams {
 
 size_t TopKWorkspaceBytes(int64_t n);
 
-// Radix select on the order-preserving 32-bit image of the scores (4 passes of 8 bits), then a
-// stable compaction: every score above the k-th best wins, plus the first (by index) of those
-// equal to it. Deterministic; two launches (a kernel clears the workspace, so that a set skip
-// flag leaves it alone; then one cooperative kernel with grid-wide barriers, at most one block
-// per SM), no host synchronisation. Capturable in a CUDA graph.
+// Radix select on the order-preserving 32-bit image of the scores (a 12-bit digit, then two of
+// 10 bits: over the few keys of the chosen top bin in every block when it holds at most 8192,
+// else over all keys), then a stable compaction: every score above the k-th best wins, plus the
+// first (by index) of those equal to it. Deterministic; one cooperative launch with grid-wide
+// barriers (at most one block per SM), no host synchronisation. Capturable in a CUDA graph.
 cudaError_t TopK(const TopKParams& params, cudaStream_t stream);
 
 struct CacheCheckParams {

@@ -3,27 +3,39 @@
 // Scores map to an order-preserving 32-bit key (NaN -> 0, the lowest; -0 -> +0, so that the two
 // zeros tie as they do on the CPU). One cooperative kernel (every block resident, grid-wide
 // barriers through a counter in the workspace) finds the k-th largest key T by radix select,
-// most significant byte first, and writes the winners:
-//   4 histogram passes  each counts the next byte of the keys that match the prefix found so far
-//                       (shared-memory histogram, then its non-zero bins by global atomics); a
-//                       thread's keys are read once and kept in registers (up to 16 per thread:
-//                       n <= 1M with 132 blocks of 512 threads), beyond that re-read per phase.
-//                       After a barrier every block reads the global histogram and picks the
-//                       same byte: the bin where the count from the top reaches k_remaining.
-//   count               each warp walks its contiguous range of the block's contiguous range in
-//                       tiles of 32 (ballots): the keys > T and == T; per-block totals go to the
-//                       workspace and, after a barrier, every block sums the blocks before it.
-//   compact             each warp walks its range again, in order, and writes index i to
-//                       out[#greater before i + min(#equal before i, need)] when it wins,
-//                       need = k - #greater: ties go to lower indices and the output is
-//                       ascending, with no sort.
-// Two launches (ClearControlKernel zeroes the histograms and the barrier counter first, as a
-// kernel so that a set skip flag leaves the workspace alone); five grid barriers. Measured on an
-// H200 (bench_kernels_cuda, top-2048): 20.9 us at n = 1M, 17-19 us at 32K-512K, where the seven
-// one-pass launches it replaced took 38 us at 1M (plus ~1.3 us of launch gap apiece outside
-// graphs); with the keys re-read from L2 in every phase instead of kept in registers, 29 us.
-// What is left is mostly the phases' dependent round trips (atomics, barrier, histogram read).
-// Every kernel returns at once when the skip flag is set.
+// most significant digit first (12, 10 and 10 bits), and writes the winners in index order:
+//   pass 0      a 4096-bin histogram of the keys' top 12 bits (shared memory, warp-aggregated,
+//               then the non-zero bins by global atomics); a thread's keys are read once and kept
+//               in registers (up to 16 per thread: n <= 1M with 132 blocks of 512 threads),
+//               beyond that re-read per phase. After a barrier every block reads the histogram
+//               and picks the same bin B: the one where the count from the top reaches k.
+//   fast path   (B holds at most kMaxCandidates keys - a few hundred for soft votes at 32K-1M)
+//               every block counts its keys above B ("sure winners") and appends the keys in B
+//               with their indices to a candidate list; after a second barrier every block
+//               loads the whole list and finishes the select on it in shared memory (two
+//               10-bit passes, no grid barrier). The list also gives each block its offsets:
+//               the sure winners of the blocks before it plus the candidates from before it
+//               that are above / equal to T.
+//   slow path   (ties or crowded scores: B holds more) two more 10-bit histogram passes over all
+//               keys with a barrier each, then per-block counts of the keys above / equal to T
+//               and a barrier; every block sums the blocks before it.
+//   compact     each warp walks its range in order and writes index i to
+//               out[#greater before i + min(#equal before i, need)] when it wins,
+//               need = k - #greater: ties go to lower indices and the output is ascending, with
+//               no sort.
+// One launch; two grid barriers on the fast path (four on the slow one). The workspace's control
+// words (histograms, counters) must be zero at launch: the last block to finish with them
+// clears them for the next call, so the caller zeroes the workspace once after allocation.
+// Measured on an H200 (bench_kernels_cuda, top-2048 of soft votes, same device call, twelfth
+// session): 12.7 / 12.3 / 14.7-15.2 / 19.0-19.5 us at 32K / 128K / 512K / 1M against 16.7 / 17.2 /
+// 19.2 / 22.1 us for the previous design (four 8-bit passes over all keys, five barriers, a
+// clearing kernel). What made the difference: warps stop at the end of their range (every warp
+// walked all 16 register tiles, half of them empty at 512K), plain shared atomics instead of
+// __match_any_sync aggregation (19.5 -> 16.5 us at 512K); acquire/release barriers and the
+// clearing moved after the compaction came last (not measured apart). The three barriers saved
+// counted for less than expected. At 32K the ~12 us are a latency chain of
+// dependent L2 round trips and block barriers, not bandwidth.
+// Every kernel returns at once when the skip flag is set, leaving the workspace as it was.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,14 +51,29 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 1024;
 constexpr int64_t kMinPerBlock = 2048;
+constexpr int kRegTiles = 16;  // keys per thread kept in registers
+constexpr int kTopBits = 12;   // pass 0's digit; then two of kLowBits
+constexpr int kTopBins = 1 << kTopBits;
+constexpr int kLowBits = 10;
+constexpr int kLowBins = 1 << kLowBits;
+constexpr int kCandPerThread = 16;
+constexpr int kMaxCandidates = kThreads * kCandPerThread;
 
-// Workspace layout (uint32 words). Words [0, kControlWords) are cleared on every call.
-constexpr int kHistWords = 4 * 256;
-constexpr int kBarrierOffset = kHistWords;  // grid-barrier arrivals
-constexpr int kControlWords = kBarrierOffset + 8;
-constexpr int kGreaterOffset = kControlWords;  // [kMaxBlocks] per-block count of keys > T
-constexpr int kEqualOffset = kGreaterOffset + kMaxBlocks;
-constexpr int kWorkspaceWords = kEqualOffset + kMaxBlocks;
+// Workspace layout (uint32 words). Words [0, kControlWords) are zero at launch and cleared
+// again by the last block.
+constexpr int kHist0 = 0;                      // [kTopBins]
+constexpr int kHist1 = kHist0 + kTopBins;      // [kLowBins] (slow path)
+constexpr int kHist2 = kHist1 + kLowBins;      // [kLowBins] (slow path)
+constexpr int kBarrier = kHist2 + kLowBins;    // grid-barrier arrivals
+constexpr int kCandCount = kBarrier + 1;       // candidates appended so far
+constexpr int kDone = kBarrier + 2;            // blocks done with the control words
+constexpr int kControlWords = kBarrier + 8;
+constexpr int kGreater = kControlWords;        // [kMaxBlocks] per block: keys > T (or > B)
+constexpr int kEqual = kGreater + kMaxBlocks;  // [kMaxBlocks] per block: keys == T (slow path)
+constexpr int kCand = kEqual + kMaxBlocks;     // [kMaxCandidates] (key, index) pairs
+constexpr int kWorkspaceWords = kCand + 2 * kMaxCandidates;
+static_assert(kCand % 2 == 0, "candidate pairs are 8-byte aligned");
+static_assert(kTopBits + 2 * kLowBits == 32, "three digits cover the key");
 
 __device__ __forceinline__ uint32_t OrderedKey(float f) {
   if (f != f) return 0u;  // NaN ranks lowest
@@ -78,17 +105,24 @@ __device__ uint32_t BlockExclusiveScan(uint32_t value, uint32_t* exclusive) {
   return total;
 }
 
+__device__ __forceinline__ uint32_t BlockSum(uint32_t value) {
+  uint32_t unused;
+  return BlockExclusiveScan(value, &unused);
+}
+
 // Every block of the grid arrives before any leaves. `target` = gridDim.x * (barriers so far,
-// this one included); the counter starts at zero (ClearControlKernel). The fences make each
-// block's global writes before the barrier visible to every block after it.
+// this one included); the counter starts at zero. Thread 0 arrives with a release add and spins
+// with acquire loads (gpu scope), which with the block barriers around them make each block's
+// global writes before the barrier visible to every block after it (release is cumulative over
+// what the block barrier ordered before it); no full fences.
 __device__ __forceinline__ void GridBarrier(uint32_t* counter, uint32_t target) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1u);
-    while (*static_cast<volatile uint32_t*>(counter) < target) {
-    }
-    __threadfence();
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    uint32_t seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    } while (seen < target);
   }
   __syncthreads();
 }
@@ -98,9 +132,43 @@ __device__ __forceinline__ bool Skipped(const int32_t* skip) {
   return skip != nullptr && *skip != 0;
 }
 
-__global__ void ClearControlKernel(uint32_t* __restrict__ ws, const int32_t* skip) {
-  if (Skipped(skip)) return;
-  for (int i = threadIdx.x; i < kControlWords; i += blockDim.x) ws[i] = 0u;
+struct Digit {
+  uint32_t bin;        // the chosen bin
+  uint32_t remaining;  // how many keys of that bin still win
+  uint32_t count;      // keys in that bin
+};
+
+// The bin of a kBins-bin histogram (count(b) reads bin b) where the count from the top reaches
+// `remaining` (1 <= remaining <= total): the same answer in every thread. Thread t looks at
+// bins kBins - 1 - t * per - [0, per), highest first.
+template <int kBins, class Count>
+__device__ Digit ChooseDigit(Count count, uint32_t remaining) {
+  constexpr int kPer = kBins / kThreads;
+  static_assert(kPer * kThreads == kBins, "bins split evenly over the threads");
+  __shared__ Digit chosen;
+  if (threadIdx.x == 0) chosen = Digit{0u, remaining, 0u};  // unreachable on a consistent histogram
+  uint32_t c[kPer], sum = 0;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    c[e] = count(kBins - 1 - (static_cast<int>(threadIdx.x) * kPer + e));
+    sum += c[e];
+  }
+  uint32_t above;
+  BlockExclusiveScan(sum, &above);  // its barriers also order the write of `chosen` above
+  if (above < remaining && remaining <= above + sum) {
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      if (above < remaining && remaining <= above + c[e]) {
+        chosen = Digit{static_cast<uint32_t>(kBins - 1 - (static_cast<int>(threadIdx.x) * kPer + e)),
+                       remaining - above, c[e]};
+      }
+      above += c[e];
+    }
+  }
+  __syncthreads();
+  const Digit d = chosen;
+  __syncthreads();  // chosen is written again by the next call
+  return d;
 }
 
 // Launched cooperatively with at most one block per SM. Block b owns scores[b * chunk, ...),
@@ -109,8 +177,6 @@ __global__ void ClearControlKernel(uint32_t* __restrict__ ws, const int32_t* ski
 // the first kRegTiles tiles' keys are loaded once and stay in registers (every key of n <= ~1M
 // on an H200); further tiles (larger n) are read again in each phase. n is a bound when
 // device_n is set; k >= the current n (possible only then) writes 0 .. n - 1.
-constexpr int kRegTiles = 16;
-
 __global__ void __launch_bounds__(kThreads)
     RadixSelectKernel(int32_t* __restrict__ out, const float* __restrict__ scores, int64_t n,
                       DeviceLength device_n, uint32_t k, uint32_t* __restrict__ ws,
@@ -124,26 +190,30 @@ __global__ void __launch_bounds__(kThreads)
     }
     return;
   }
-  __shared__ uint32_t hist[256];
-  __shared__ uint32_t chosen[2];  // prefix, k_remaining
+  __shared__ uint32_t hist[kTopBins];
   __shared__ uint32_t warp_counts[2][kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int64_t chunk = (n + gridDim.x - 1) / gridDim.x;
   chunk = (chunk + kThreads - 1) / kThreads * kThreads;
+  const int64_t block_begin = blockIdx.x * chunk;
   const int64_t part = chunk / kWarps;
-  const int64_t begin = min(n, blockIdx.x * chunk + warp * part);
+  const int64_t begin = min(n, block_begin + warp * part);
   const int64_t end = min(n, begin + part);
+  // Register tiles past the warp's range are neither loaded nor visited (a warp-uniform exit:
+  // at 512K keys a warp has 8 of the 16 tiles).
   uint32_t reg[kRegTiles];
 #pragma unroll
   for (int u = 0; u < kRegTiles; ++u) {
     const int64_t i = begin + 32 * u + lane;
-    reg[u] = i < end ? OrderedKey(scores[i]) : 0u;
+    reg[u] = 0u;
+    if (begin + 32 * u < end) reg[u] = i < end ? OrderedKey(scores[i]) : 0u;
   }
   // fn(key, index, valid) over the lane's elements in index order, all 32 lanes together (fn
   // may use warp votes).
   auto for_each = [&](auto&& fn) {
 #pragma unroll
     for (int u = 0; u < kRegTiles; ++u) {
+      if (begin + 32 * u >= end) break;
       const int64_t i = begin + 32 * u + lane;
       fn(reg[u], i, i < end);
     }
@@ -153,53 +223,131 @@ __global__ void __launch_bounds__(kThreads)
       fn(valid ? OrderedKey(scores[i]) : 0u, i, valid);
     }
   };
-
-  uint32_t* barrier = ws + kBarrierOffset;
-  uint32_t barriers = 0;
-  uint32_t prefix = 0u, remaining = k;
-  for (int pass = 0; pass < 4; ++pass) {
-    const int shift = 24 - 8 * pass;
-    const uint32_t mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+  // One histogram pass over this block's keys that match `prefix` under `mask`: bins of
+  // (key >> shift) & (bins - 1) in shared memory, then the non-zero ones into global_hist.
+  auto histogram = [&](int bins, int shift, uint32_t mask, uint32_t prefix,
+                       uint32_t* global_hist) {
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     for_each([&](uint32_t key, int64_t, bool valid) {
-      const bool counted = valid && (key & mask) == prefix;
-      const uint32_t bin = (key >> shift) & 255u;
-      if (pass == 0) {
-        // Warp-aggregated: votes crowd into few top bytes, and same-address shared atomics
-        // serialise.
-        const unsigned peers = __match_any_sync(0xffffffffu, counted ? bin : 256u);
-        if (counted && __ffs(peers) - 1 == lane) {
-          atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
-        }
-      } else if (counted) {  // later passes: few keys still match the prefix
-        atomicAdd(&hist[bin], 1u);
+      // Plain shared atomics: with 12-bit bins a warp's keys rarely share one, and a
+      // warp-aggregated add (__match_any_sync) measured slower (top-2048 at 512K: 19.5 us
+      // against 16.5).
+      if (valid && (key & mask) == prefix) {
+        atomicAdd(&hist[(key >> shift) & static_cast<uint32_t>(bins - 1)], 1u);
       }
     });
     __syncthreads();
-    uint32_t* global_hist = ws + pass * 256;
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) {
       if (hist[b] != 0) atomicAdd(&global_hist[b], hist[b]);
     }
-    GridBarrier(barrier, ++barriers * gridDim.x);
-    // Digit choice, the same in every block: thread t < 256 looks at bin 255 - t; `above`
-    // counts the keys in higher bins.
-    const int bin = 255 - static_cast<int>(threadIdx.x);
-    const uint32_t count = threadIdx.x < 256 ? __ldcg(&global_hist[bin]) : 0u;
-    uint32_t above;
-    BlockExclusiveScan(count, &above);
-    if (threadIdx.x < 256 && above < remaining && remaining <= above + count) {
-      chosen[0] = prefix | (static_cast<uint32_t>(bin) << shift);
-      chosen[1] = remaining - above;  // how many keys equal to the prefix still win
-    }
-    __syncthreads();
-    prefix = chosen[0];
-    remaining = chosen[1];
-    __syncthreads();  // chosen is written again by the next pass
-  }
-  const uint32_t threshold = prefix, need = remaining;
+  };
 
-  // Count, per warp then per block, the keys above and at the threshold.
+  uint32_t* barrier = ws + kBarrier;
+  uint32_t barriers = 0;
+  histogram(kTopBins, 32 - kTopBits, 0u, 0u, ws + kHist0);
+  GridBarrier(barrier, ++barriers * gridDim.x);
+  const Digit top = ChooseDigit<kTopBins>(
+      [&](int b) { return __ldcg(&ws[kHist0 + b]); }, k);
+  uint32_t threshold = top.bin << (32 - kTopBits), need = top.remaining;
+  uint32_t greater_before_block = 0, equal_before_block = 0;  // keys of earlier blocks
+  const unsigned below = (1u << lane) - 1u;
+
+  if (top.count <= kMaxCandidates) {  // the same branch in every block
+    // Sure winners (top digit above B) per block; the keys in B go to the candidate list.
+    const uint32_t top_bin = top.bin;
+    uint32_t sure = 0;
+    uint2* cand = reinterpret_cast<uint2*>(ws + kCand);
+    for_each([&](uint32_t key, int64_t i, bool valid) {
+      const uint32_t digit = key >> (32 - kTopBits);
+      sure += __popc(__ballot_sync(0xffffffffu, valid && digit > top_bin));
+      const unsigned in_bin = __ballot_sync(0xffffffffu, valid && digit == top_bin);
+      if (in_bin != 0u) {
+        uint32_t slot = 0;
+        if (lane == __ffs(in_bin) - 1) slot = atomicAdd(&ws[kCandCount], __popc(in_bin));
+        slot = __shfl_sync(0xffffffffu, slot, __ffs(in_bin) - 1);
+        if ((in_bin >> lane) & 1u) {
+          cand[slot + __popc(in_bin & below)] = make_uint2(key, static_cast<uint32_t>(i));
+        }
+      }
+    });
+    if (lane == 0) warp_counts[0][warp] = sure;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t total = 0;
+      for (int w = 0; w < kWarps; ++w) total += warp_counts[0][w];
+      ws[kGreater + blockIdx.x] = total;
+    }
+    GridBarrier(barrier, ++barriers * gridDim.x);
+    // The whole list, in every block: entry t + kThreads u is this thread's u-th.
+    const int count = static_cast<int>(top.count);
+    uint32_t ckey[kCandPerThread];
+    uint32_t earlier = 0u;  // bit u: candidate u lies in a block before this one
+#pragma unroll
+    for (int u = 0; u < kCandPerThread; ++u) {
+      if (kThreads * u >= count) break;  // the same in every thread
+      const int j = static_cast<int>(threadIdx.x) + kThreads * u;
+      ckey[u] = 0u;
+      if (j < count) {
+        const uint2 c = __ldcg(&cand[j]);
+        ckey[u] = c.x;
+        if (c.y < block_begin) earlier |= 1u << u;
+      }
+    }
+    // The low 20 bits in two 10-bit passes over the list, in shared memory.
+    uint32_t mask = ~0u << (32 - kTopBits);
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int shift = kLowBits * (1 - pass);
+      for (int b = threadIdx.x; b < kLowBins; b += blockDim.x) hist[b] = 0;
+      __syncthreads();
+#pragma unroll
+      for (int u = 0; u < kCandPerThread; ++u) {
+        if (kThreads * u >= count) break;
+        const int j = static_cast<int>(threadIdx.x) + kThreads * u;
+        if (j < count && (ckey[u] & mask) == threshold) {
+          atomicAdd(&hist[(ckey[u] >> shift) & (kLowBins - 1)], 1u);
+        }
+      }
+      __syncthreads();
+      const Digit d = ChooseDigit<kLowBins>([&](int b) { return hist[b]; }, need);
+      threshold |= d.bin << shift;
+      need = d.remaining;
+      mask |= static_cast<uint32_t>(kLowBins - 1) << shift;
+    }
+    // Offsets: the sure winners of earlier blocks, and their candidates above / at T.
+    uint32_t g = threadIdx.x < blockIdx.x ? __ldcg(&ws[kGreater + threadIdx.x]) : 0u;
+    for (int b = threadIdx.x + kThreads; b < static_cast<int>(blockIdx.x); b += kThreads) {
+      g += __ldcg(&ws[kGreater + b]);
+    }
+    uint32_t e = 0;
+#pragma unroll
+    for (int u = 0; u < kCandPerThread; ++u) {
+      if (kThreads * u >= count) break;
+      if ((earlier >> u) & 1u) {
+        g += ckey[u] > threshold;
+        e += ckey[u] == threshold;
+      }
+    }
+    greater_before_block = BlockSum(g);
+    equal_before_block = BlockSum(e);
+  } else {
+    // Crowded bin: the low 20 bits by two more passes over every key.
+    uint32_t mask = ~0u << (32 - kTopBits);
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass) {
+      const int shift = kLowBits * (1 - pass);
+      uint32_t* global_hist = ws + (pass == 0 ? kHist1 : kHist2);
+      histogram(kLowBins, shift, mask, threshold, global_hist);
+      GridBarrier(barrier, ++barriers * gridDim.x);
+      const Digit d = ChooseDigit<kLowBins>([&](int b) { return __ldcg(&global_hist[b]); }, need);
+      threshold |= d.bin << shift;
+      need = d.remaining;
+      mask |= static_cast<uint32_t>(kLowBins - 1) << shift;
+    }
+  }
+
+  // Per warp, then per block, the keys above and at the threshold.
   uint32_t greater = 0, equal = 0;
   for_each([&](uint32_t key, int64_t, bool valid) {
     greater += __popc(__ballot_sync(0xffffffffu, valid && key > threshold));
@@ -210,28 +358,35 @@ __global__ void __launch_bounds__(kThreads)
     warp_counts[1][warp] = equal;
   }
   __syncthreads();
-  if (threadIdx.x < 2) {
-    uint32_t total = 0;
-    for (int w = 0; w < kWarps; ++w) total += warp_counts[threadIdx.x][w];
-    ws[(threadIdx.x == 0 ? kGreaterOffset : kEqualOffset) + blockIdx.x] = total;
+  if (top.count > kMaxCandidates) {
+    // Slow path: block totals to the workspace, then the sums of the blocks before this one.
+    if (threadIdx.x < 2) {
+      uint32_t total = 0;
+      for (int w = 0; w < kWarps; ++w) total += warp_counts[threadIdx.x][w];
+      ws[(threadIdx.x == 0 ? kGreater : kEqual) + blockIdx.x] = total;
+    }
+    GridBarrier(barrier, ++barriers * gridDim.x);
+    uint32_t g = 0, e = 0;
+    for (int b = threadIdx.x; b < static_cast<int>(blockIdx.x); b += blockDim.x) {
+      g += __ldcg(&ws[kGreater + b]);
+      e += __ldcg(&ws[kEqual + b]);
+    }
+    greater_before_block = BlockSum(g);
+    equal_before_block = BlockSum(e);
   }
-  GridBarrier(barrier, ++barriers * gridDim.x);
-  // This block's offsets: the totals of the blocks before it.
-  uint32_t g = 0, e = 0;
-  for (int b = threadIdx.x; b < static_cast<int>(blockIdx.x); b += blockDim.x) {
-    g += __ldcg(&ws[kGreaterOffset + b]);
-    e += __ldcg(&ws[kEqualOffset + b]);
-  }
-  uint32_t unused;
-  g = BlockExclusiveScan(g, &unused);
-  e = BlockExclusiveScan(e, &unused);
-  uint32_t greater_run = g, equal_run = e;
+  // This block is done with the control words (every block has passed every barrier and read
+  // every histogram by now; BlockSum's barriers completed this block's reads): the last block to
+  // arrive clears them for the next call, after its compaction, so that the atomic's round trip
+  // overlaps the compaction.
+  uint32_t arrived = 0;
+  if (threadIdx.x == 0) arrived = atomicAdd(&ws[kDone], 1u);
+
+  uint32_t greater_run = greater_before_block, equal_run = equal_before_block;
   for (int w = 0; w < warp; ++w) {
     greater_run += warp_counts[0][w];
     equal_run += warp_counts[1][w];
   }
   // Compact: index i goes to out[#greater before i + min(#equal before i, need)] when it wins.
-  const unsigned below = (1u << lane) - 1u;
   for_each([&](uint32_t key, int64_t i, bool valid) {
     const bool is_greater = valid && key > threshold;
     const bool is_equal = valid && key == threshold;
@@ -245,6 +400,12 @@ __global__ void __launch_bounds__(kThreads)
     greater_run += __popc(greater_mask);
     equal_run += __popc(equal_mask);
   });
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = arrived == gridDim.x - 1;
+  __syncthreads();
+  if (last) {
+    for (int w = threadIdx.x; w < kControlWords; w += blockDim.x) ws[w] = 0u;
+  }
 }
 
 __global__ void IotaKernel(int32_t* __restrict__ out, int64_t n, const int32_t* skip) {
@@ -276,8 +437,6 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   int64_t blocks = std::min<int64_t>({kMaxBlocks, sms, (p.n + kMinPerBlock - 1) / kMinPerBlock});
   blocks = std::max<int64_t>(blocks, 1);
   uint32_t* ws = static_cast<uint32_t*>(p.workspace);
-  ClearControlKernel<<<1, kThreads, 0, stream>>>(ws, p.skip);
-  TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   int32_t* out = p.out;
   const float* scores = p.scores;
   int64_t n = p.n;

@@ -140,7 +140,7 @@ TEST_P(SelectionGpuTest, ScoreVoteTopKMatchCpu) {
   const int64_t k = std::min(c.k, c.n);
   DeviceBuffer<int32_t> d_topk(static_cast<size_t>(std::max<int64_t>(k, 1)));
   DeviceBuffer<char> d_topk_ws(TopKWorkspaceBytes(c.n));
-  d_topk_ws.Poison();  // TopK must initialise what it needs
+  d_topk_ws.Zero();  // zeroed once after allocation (selection.h)
   for (auto* b : {&d_logits, &d_max, &d_inv_sum, &d_vote, &d_sum}) b->Poison();
   d_topk.Poison();
 
@@ -231,6 +231,10 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(TopKGpuTest, MatchesCpuExactlyWithTies) {
   std::mt19937 rng(std::random_device{}());
   const int64_t sizes[] = {1, 7, 1000, 4096 * 3 + 5, (int64_t{1} << 20) + 3, int64_t{4} << 20};
+  // One workspace, zeroed once, for every call: each call must leave it ready for the next
+  // (the crowded-bin path and the candidate path alike: the ties below crowd the top bins).
+  DeviceBuffer<char> ws(TopKWorkspaceBytes(0));
+  ws.Zero();
   for (int64_t n : sizes) {
     std::vector<float> scores(static_cast<size_t>(n));
     std::uniform_int_distribution<int> pick(0, 99);
@@ -244,7 +248,6 @@ TEST(TopKGpuTest, MatchesCpuExactlyWithTies) {
       else s = normal(rng);
     }
     DeviceBuffer<float> d_scores(scores);
-    DeviceBuffer<char> ws(TopKWorkspaceBytes(n));
     const int64_t ks[] = {0, 1, 5, 2048, 16384, n - 1, n, n + 3};
     for (int64_t k : ks) {
       if (k < 0) continue;
@@ -252,7 +255,6 @@ TEST(TopKGpuTest, MatchesCpuExactlyWithTies) {
       const int64_t kk = std::min(k, n);
       DeviceBuffer<int32_t> out(static_cast<size_t>(std::max<int64_t>(kk, 1)));
       out.Poison();
-      ws.Poison();
       TopKParams tp;
       tp.out = out.get();
       tp.scores = d_scores.get();
@@ -442,6 +444,7 @@ TEST(SelectionCacheGpuTest, SkipFlagsAndCachedChain) {
   DeviceBuffer<int32_t> d_topk(static_cast<size_t>(k)), d_ref_topk(static_cast<size_t>(k));
   DeviceBuffer<int32_t> d_valid(1), d_hit(1), d_flag(1);
   d_valid.Zero();
+  d_topk_ws.Zero();
 
   const KeyScoreParams& sp = sv.sp;
   const VoteParams& vp = sv.vp;
@@ -470,7 +473,6 @@ TEST(SelectionCacheGpuTest, SkipFlagsAndCachedChain) {
   d_flag.Zero();
   for (auto* b : {&d_logits, &d_max, &d_inv, &d_vote}) b->Poison();
   d_topk.Poison();
-  d_topk_ws.Poison();
   chain(d_flag.get(), d_topk.get());
   EXPECT_EQ(Bytes(d_logits), ref_logits);
   EXPECT_EQ(Bytes(d_vote), ref_vote);
@@ -493,6 +495,7 @@ TEST(SelectionCacheGpuTest, SkipFlagsAndCachedChain) {
   for (uint8_t byte : Bytes(d_topk)) ASSERT_EQ(byte, 0xff);
   for (uint8_t byte : Bytes(d_topk_ws)) ASSERT_EQ(byte, 0xff);
   EXPECT_EQ(Bytes(d_score_ws), score_ws_before);
+  d_topk_ws.Zero();  // back to the state TopK needs
 
   // The cached chain: check writes `hit`, the rest skips on it. Queries: q0 (miss: computed),
   // q0 + noise (hit: the top-k output keeps q0's picks), q2 fresh (miss: q2's picks).
