@@ -69,6 +69,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/key_scores_internal.cuh"
 #include "kernels/cuda/kv_cache_load.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/selection.h"
 
 namespace tokenselect::kernels::cuda {
@@ -238,6 +239,7 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
     }
   }
 
+  PdlAllowDependents();  // the vote may launch: what is left is this block's statistics
   // Block partials: head h's states sit at fixed (row, column, lane, slot) positions.
 #pragma unroll
   for (int i = 0; i < VPL; ++i) sm_stats[threadIdx.x * VPL + i] = stats[i];
@@ -266,6 +268,8 @@ constexpr int kVoteUnroll = 4;
 template <int kLanes>
 __global__ void VoteKernel(VoteParams p) {
   extern __shared__ float sm_head[];  // [2 * num_heads]: max, inv_sum
+  PdlWait();  // launched as a dependent of ScoreKeys (or whatever preceded it)
+  PdlAllowDependents();  // every block has started: the top-k may launch and wait
   if (p.skip != nullptr && *p.skip != 0) return;
   const int64_t n = ResolveLength(p.device_n, p.n);
   const int num_heads = static_cast<int>(p.num_heads);
@@ -312,6 +316,8 @@ __global__ void VoteKernel(VoteParams p) {
 // Any head count: one thread per token, heads in order.
 __global__ void VoteScalarKernel(VoteParams p) {
   extern __shared__ float sm_head[];
+  PdlWait();
+  PdlAllowDependents();
   if (p.skip != nullptr && *p.skip != 0) return;
   const int64_t n = ResolveLength(p.device_n, p.n);
   const int num_heads = static_cast<int>(p.num_heads);
@@ -410,16 +416,17 @@ cudaError_t VoteFromLogits(const VoteParams& p, cudaStream_t stream) {
   const int64_t tokens_per_block = vector ? threads / lanes * kVoteUnroll : threads;
   const int blocks = static_cast<int>(
       std::min<int64_t>((p.n + tokens_per_block - 1) / tokens_per_block, int64_t{1} << 16));
+  void (*kernel)(VoteParams) = VoteScalarKernel;
   switch (vector ? lanes : 0) {
-    case 1: VoteKernel<1><<<blocks, threads, smem, stream>>>(p); break;
-    case 2: VoteKernel<2><<<blocks, threads, smem, stream>>>(p); break;
-    case 4: VoteKernel<4><<<blocks, threads, smem, stream>>>(p); break;
-    case 8: VoteKernel<8><<<blocks, threads, smem, stream>>>(p); break;
-    case 16: VoteKernel<16><<<blocks, threads, smem, stream>>>(p); break;
-    case 32: VoteKernel<32><<<blocks, threads, smem, stream>>>(p); break;
-    default: VoteScalarKernel<<<blocks, threads, smem, stream>>>(p); break;
+    case 1: kernel = VoteKernel<1>; break;
+    case 2: kernel = VoteKernel<2>; break;
+    case 4: kernel = VoteKernel<4>; break;
+    case 8: kernel = VoteKernel<8>; break;
+    case 16: kernel = VoteKernel<16>; break;
+    case 32: kernel = VoteKernel<32>; break;
+    default: break;
   }
-  return cudaGetLastError();
+  return LaunchPdl(kernel, dim3(blocks), dim3(threads), smem, stream, /*cooperative=*/false, p);
 }
 
 }  // namespace tokenselect::kernels::cuda

@@ -43,6 +43,7 @@
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/key_scores_internal.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/selection.h"
 
 namespace tokenselect::kernels::cuda::score_internal {
@@ -209,6 +210,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
+  PdlAllowDependents();  // the vote may launch: what is left is this block's statistics
   // Head t's state: over the 8 lanes of equal t, then over the rows of warps.
 #pragma unroll
   for (int off = 4; off < 32; off <<= 1) {

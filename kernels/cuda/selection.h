@@ -22,6 +22,8 @@
 // bf16 cache of the dequantized keys). The launchers take a cudaStream_t, never synchronise, and
 // return the first CUDA error (cudaErrorInvalidValue for unsupported shapes: head_dim 64 or 128,
 // group size 1, 2, 4 or 8).
+// On sm_90+ VoteFromLogits and TopK are launched as programmatic dependents of the kernel ahead
+// of them (pdl.cuh): their blocks start while it finishes and wait for its completion.
 //
 // Device lengths: ScoreKeys, VoteFromLogits and TopK take an optional `device_n`
 // (device_length.h); n is then a bound that sizes the grids and the kernels read the current

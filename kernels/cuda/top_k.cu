@@ -42,6 +42,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/selection.h"
 
 namespace tokenselect::kernels::cuda {
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(kThreads)
     RadixSelectKernel(int32_t* __restrict__ out, const float* __restrict__ scores, int64_t n,
                       DeviceLength device_n, uint32_t k, uint32_t* __restrict__ ws,
                       const int32_t* skip) {
+  PdlWait();  // launched as a dependent of the vote (or whatever preceded it)
   if (Skipped(skip)) return;
   n = ResolveLength(device_n, n);
   if (k >= n) {  // the same branch in every block: no barrier is left waiting
@@ -443,11 +445,8 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   DeviceLength device_n = p.device_n;
   uint32_t kk = static_cast<uint32_t>(k);
   const int32_t* skip = p.skip;
-  void* args[] = {&out, &scores, &n, &device_n, &kk, &ws, &skip};
-  TS_CUDA_RETURN_IF_ERROR(cudaLaunchCooperativeKernel(
-      reinterpret_cast<const void*>(&RadixSelectKernel), dim3(static_cast<unsigned>(blocks)),
-      dim3(kThreads), args, 0, stream));
-  return cudaGetLastError();
+  return LaunchPdl(RadixSelectKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+                   stream, /*cooperative=*/true, out, scores, n, device_n, kk, ws, skip);
 }
 
 }  // namespace tokenselect::kernels::cuda
