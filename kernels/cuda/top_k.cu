@@ -4,8 +4,8 @@
 // zeros tie as they do on the CPU). One cooperative kernel (every block resident, grid-wide
 // barriers through a counter in the workspace) finds the k-th largest key T by radix select,
 // most significant digit first (12, 10 and 10 bits), and writes the winners in index order:
-//   pass 0      a 4096-bin histogram of the keys' top 12 bits (shared memory, warp-aggregated,
-//               then the non-zero bins by global atomics); a thread's keys are read once and kept
+//   pass 0      a 4096-bin histogram of the keys' top 12 bits (shared-memory atomics, then the
+//               non-zero bins by global atomics); a thread's keys are read once and kept
 //               in registers (up to 16 per thread: n <= 1M with 132 blocks of 512 threads),
 //               beyond that re-read per phase. After a barrier every block reads the histogram
 //               and picks the same bin B: the one where the count from the top reaches k.
@@ -33,8 +33,8 @@
 // walked all 16 register tiles, half of them empty at 512K), plain shared atomics instead of
 // __match_any_sync aggregation (19.5 -> 16.5 us at 512K); acquire/release barriers and the
 // clearing moved after the compaction came last (not measured apart). The three barriers saved
-// counted for less than expected. At 32K the ~12 us are a latency chain of
-// dependent L2 round trips and block barriers, not bandwidth.
+// counted for less than expected. At 32K the ~12 us are a latency chain of dependent L2 round
+// trips and block barriers, not bandwidth.
 // Every kernel returns at once when the skip flag is set, leaving the workspace as it was.
 #include <cuda_runtime.h>
 
@@ -160,8 +160,8 @@ __device__ Digit ChooseDigit(Count count, uint32_t remaining) {
 #pragma unroll
     for (int e = 0; e < kPer; ++e) {
       if (above < remaining && remaining <= above + c[e]) {
-        chosen = Digit{static_cast<uint32_t>(kBins - 1 - (static_cast<int>(threadIdx.x) * kPer + e)),
-                       remaining - above, c[e]};
+        const int bin = kBins - 1 - (static_cast<int>(threadIdx.x) * kPer + e);
+        chosen = Digit{static_cast<uint32_t>(bin), remaining - above, c[e]};
       }
       above += c[e];
     }
@@ -252,7 +252,16 @@ __global__ void __launch_bounds__(kThreads)
   const Digit top = ChooseDigit<kTopBins>(
       [&](int b) { return __ldcg(&ws[kHist0 + b]); }, k);
   uint32_t threshold = top.bin << (32 - kTopBits), need = top.remaining;
-  uint32_t greater_before_block = 0, equal_before_block = 0;  // keys of earlier blocks
+  uint32_t mask = ~0u << (32 - kTopBits);  // the bits of threshold fixed so far
+  // One 10-bit digit of threshold (at `shift`) found: fix it.
+  auto take = [&](const Digit& d, int shift) {
+    threshold |= d.bin << shift;
+    need = d.remaining;
+    mask |= static_cast<uint32_t>(kLowBins - 1) << shift;
+  };
+  // This thread's part of the keys of earlier blocks above / at threshold (summed over the
+  // block before the compaction).
+  uint32_t greater_part = 0, equal_part = 0;
   const unsigned below = (1u << lane) - 1u;
 
   if (top.count <= kMaxCandidates) {  // the same branch in every block
@@ -297,7 +306,6 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // The low 20 bits in two 10-bit passes over the list, in shared memory.
-    uint32_t mask = ~0u << (32 - kTopBits);
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
       const int shift = kLowBits * (1 - pass);
@@ -312,40 +320,29 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       __syncthreads();
-      const Digit d = ChooseDigit<kLowBins>([&](int b) { return hist[b]; }, need);
-      threshold |= d.bin << shift;
-      need = d.remaining;
-      mask |= static_cast<uint32_t>(kLowBins - 1) << shift;
+      take(ChooseDigit<kLowBins>([&](int b) { return hist[b]; }, need), shift);
     }
     // Offsets: the sure winners of earlier blocks, and their candidates above / at T.
-    uint32_t g = threadIdx.x < blockIdx.x ? __ldcg(&ws[kGreater + threadIdx.x]) : 0u;
-    for (int b = threadIdx.x + kThreads; b < static_cast<int>(blockIdx.x); b += kThreads) {
-      g += __ldcg(&ws[kGreater + b]);
+    for (int b = threadIdx.x; b < static_cast<int>(blockIdx.x); b += kThreads) {
+      greater_part += __ldcg(&ws[kGreater + b]);
     }
-    uint32_t e = 0;
 #pragma unroll
     for (int u = 0; u < kCandPerThread; ++u) {
       if (kThreads * u >= count) break;
       if ((earlier >> u) & 1u) {
-        g += ckey[u] > threshold;
-        e += ckey[u] == threshold;
+        greater_part += ckey[u] > threshold;
+        equal_part += ckey[u] == threshold;
       }
     }
-    greater_before_block = BlockSum(g);
-    equal_before_block = BlockSum(e);
   } else {
     // Crowded bin: the low 20 bits by two more passes over every key.
-    uint32_t mask = ~0u << (32 - kTopBits);
 #pragma unroll 1
     for (int pass = 0; pass < 2; ++pass) {
       const int shift = kLowBits * (1 - pass);
       uint32_t* global_hist = ws + (pass == 0 ? kHist1 : kHist2);
       histogram(kLowBins, shift, mask, threshold, global_hist);
       GridBarrier(barrier, ++barriers * gridDim.x);
-      const Digit d = ChooseDigit<kLowBins>([&](int b) { return __ldcg(&global_hist[b]); }, need);
-      threshold |= d.bin << shift;
-      need = d.remaining;
-      mask |= static_cast<uint32_t>(kLowBins - 1) << shift;
+      take(ChooseDigit<kLowBins>([&](int b) { return __ldcg(&global_hist[b]); }, need), shift);
     }
   }
 
@@ -368,14 +365,13 @@ __global__ void __launch_bounds__(kThreads)
       ws[(threadIdx.x == 0 ? kGreater : kEqual) + blockIdx.x] = total;
     }
     GridBarrier(barrier, ++barriers * gridDim.x);
-    uint32_t g = 0, e = 0;
     for (int b = threadIdx.x; b < static_cast<int>(blockIdx.x); b += blockDim.x) {
-      g += __ldcg(&ws[kGreater + b]);
-      e += __ldcg(&ws[kEqual + b]);
+      greater_part += __ldcg(&ws[kGreater + b]);
+      equal_part += __ldcg(&ws[kEqual + b]);
     }
-    greater_before_block = BlockSum(g);
-    equal_before_block = BlockSum(e);
   }
+  const uint32_t greater_before_block = BlockSum(greater_part);
+  const uint32_t equal_before_block = BlockSum(equal_part);
   // This block is done with the control words (every block has passed every barrier and read
   // every histogram by now; BlockSum's barriers completed this block's reads): the last block to
   // arrive clears them for the next call, after its compaction, so that the atomic's round trip
