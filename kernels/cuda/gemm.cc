@@ -40,8 +40,14 @@ cudaError_t ToCuda(cublasStatus_t status) {
   }
 }
 
-// (m, n, k, output type, bias, accumulate, min alignment of x/w/y/bias)
-using PlanKey = std::tuple<int64_t, int64_t, int64_t, int, bool, bool, int>;
+// (m, n, k, output type, bias, accumulate, min alignment of x/w/y/bias, x stride, w stride,
+// plan_n)
+using PlanKey =
+    std::tuple<int64_t, int64_t, int64_t, int, bool, bool, int, int64_t, int64_t, int64_t>;
+
+// The alignment TP-invariant plans assume (LinearParams::plan_n): fixed, so that the heuristic
+// sees the same canonical problem on every tensor-parallel size.
+constexpr int kInvariantAlignment = 16;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -95,9 +101,12 @@ struct GemmRunner::Impl {
     }
     const auto k = static_cast<uint64_t>(p.k), m = static_cast<uint64_t>(p.m),
                n = static_cast<uint64_t>(p.n);
-    TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, k, n, p.k));
-    TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, k, m, p.k));
+    const int64_t ldw = p.w_stride > 0 ? p.w_stride : p.k;
+    const int64_t ldx = p.x_stride > 0 ? p.x_stride : p.k;
+    TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, k, n, ldw));
+    TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, k, m, ldx));
     TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->d, out_type, n, m, p.n));
+    if (p.plan_n > 0) return InvariantAlgo(p, out_type, plan);
 
     cublasLtMatmulPreference_t pref = nullptr;
     TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
@@ -122,6 +131,73 @@ struct GemmRunner::Impl {
     cublasLtMatmulPreferenceDestroy(pref);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
     if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+    plan->algo = result.algo;
+    return CUBLAS_STATUS_SUCCESS;
+  }
+
+  // LinearParams::plan_n: the heuristic's best algorithm without a split-K reduction for the
+  // canonical problem (n = plan_n, contiguous operands, kInvariantAlignment), checked against
+  // the real layouts. Never another algorithm: a fallback would break the invariance silently.
+  cublasStatus_t InvariantAlgo(const LinearParams& p, cudaDataType_t out_type, Plan* plan) {
+    const auto k = static_cast<uint64_t>(p.k), m = static_cast<uint64_t>(p.m),
+               n = static_cast<uint64_t>(p.plan_n);
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    auto release = [&] {
+      if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+      if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
+      if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+      if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    };
+    cublasStatus_t status = cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, p.k);
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      status = cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, m, p.k);
+    }
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      status = cublasLtMatrixLayoutCreate(&d, out_type, n, m, p.plan_n);
+    }
+    if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatmulPreferenceCreate(&pref);
+    const uint64_t ws_bytes = kWorkspaceBytes;
+    const uint32_t align_bytes = kInvariantAlignment;
+    // fp32 outputs (the row-parallel k-slices, accumulating or not): no split-K, since a
+    // split-K reduction may add beta * C before the splits' partial sums, so the accumulating
+    // and the overwriting GEMM of a leaf would differ. bf16 outputs (column-parallel, never
+    // accumulating) may split k with a reduction in fp32 workspace (fixed by the algorithm,
+    // not by n), which skinny decode GEMMs need to fill the GPU; never in place in the output.
+    const uint32_t reduction =
+        p.out == GemmOutput::kFp32
+            ? static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE)
+            : static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE) |
+                  static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws_bytes, sizeof(ws_bytes));
+    }
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      status = cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction));
+    }
+    for (cublasLtMatmulPreferenceAttributes_t attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      if (status == CUBLAS_STATUS_SUCCESS) {
+        status =
+            cublasLtMatmulPreferenceSetAttribute(pref, attr, &align_bytes, sizeof(align_bytes));
+      }
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      status =
+          cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, a, b, d, d, pref, 1, &result, &found);
+    }
+    release();
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+    cublasLtMatmulHeuristicResult_t checked{};
+    TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoCheck(handle, plan->desc, plan->a, plan->b, plan->d,
+                                                      plan->d, &result.algo, &checked));
+    if (checked.workspaceSize > kWorkspaceBytes) return CUBLAS_STATUS_NOT_SUPPORTED;
     plan->algo = result.algo;
     return CUBLAS_STATUS_SUCCESS;
   }
@@ -151,14 +227,24 @@ cudaError_t GemmRunner::Linear(const LinearParams& p, cudaStream_t stream) {
   if (p.m < 0 || p.n < 0 || p.k < 0) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   if (p.k == 0 || p.y == nullptr || p.x == nullptr || p.w == nullptr) return cudaErrorInvalidValue;
+  if ((p.x_stride != 0 && p.x_stride < p.k) || (p.w_stride != 0 && p.w_stride < p.k) ||
+      p.plan_n < 0) {
+    return cudaErrorInvalidValue;
+  }
   auto address = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr); };
   // Leading dimensions limit the alignment of every row, not only of the first.
   const uintptr_t out_row_bytes =
       static_cast<uintptr_t>(p.n) * (p.out == GemmOutput::kFp32 ? 4 : 2);
+  const int64_t ldx = p.x_stride > 0 ? p.x_stride : p.k;
+  const int64_t ldw = p.w_stride > 0 ? p.w_stride : p.k;
   int align = std::min({Alignment(address(p.x)), Alignment(address(p.w)), Alignment(address(p.y)),
-                        Alignment(static_cast<uintptr_t>(p.k) * 2), Alignment(out_row_bytes)});
+                        Alignment(static_cast<uintptr_t>(ldx) * 2),
+                        Alignment(static_cast<uintptr_t>(ldw) * 2), Alignment(out_row_bytes)});
   if (p.bias != nullptr) align = std::min(align, Alignment(address(p.bias)));
-  const PlanKey key{p.m, p.n, p.k, static_cast<int>(p.out), p.bias != nullptr, p.accumulate, align};
+  if (p.plan_n > 0 && (align < kInvariantAlignment || p.k % 8 != 0)) return cudaErrorInvalidValue;
+  const PlanKey key{
+      p.m, p.n, p.k,     static_cast<int>(p.out), p.bias != nullptr, p.accumulate, align,
+      ldx, ldw, p.plan_n};
   auto it = impl_->plans.find(key);
   if (it == impl_->plans.end()) {
     auto plan = std::make_unique<Plan>();

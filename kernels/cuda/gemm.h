@@ -8,10 +8,10 @@
 //
 // GemmRunner owns the cuBLASLt handle, a 32 MiB workspace and a plan cache: one matmul
 // descriptor, three layouts and the heuristic's best algorithm per (m, n, k, output type, bias,
-// accumulate, operand alignment). The first call of a shape asks the heuristic (host work, no
-// device synchronisation); later calls only launch, so a warm runner is CUDA-graph friendly.
-// Not thread-safe: one runner per thread of execution (the workspace is shared by its launches,
-// which is safe only on one stream at a time).
+// accumulate, operand alignment, strides, plan_n). The first call of a shape asks the heuristic
+// (host work, no device synchronisation); later calls only launch, so a warm runner is CUDA-graph
+// friendly. Not thread-safe: one runner per thread of execution (the workspace is shared by its
+// launches, which is safe only on one stream at a time).
 //
 // Linking: libcublasLt is shared only (the toolkit here ships no static archive; the .so is
 // ~540 MB), so this lives in its own library, ts_kernels_cuda_gemm. A GPU bundle of a binary that
@@ -50,6 +50,18 @@ struct LinearParams {
   // y += x W^T (+ bias) (beta = 1): with fp32 output this is the residual add of a transformer
   // block (o_proj, down_proj) fused into the GEMM's epilogue.
   bool accumulate = false;
+  // Elements between consecutive rows of x and of w; 0: k (contiguous). A larger stride reads a
+  // k-slice of a wider matrix (the K-sliced row-parallel GEMMs of TP-invariant numerics).
+  int64_t x_stride = 0;
+  int64_t w_stride = 0;
+  // Tensor-parallel invariance (docs/parallel.md "TP-invariant numerics"). > 0: the algorithm is
+  // chosen for a canonical problem - n = plan_n, contiguous operands, 16-byte alignment, no
+  // split-K for fp32 output (split-K reduced in fp32 workspace allowed for bf16) - and run on
+  // this one, so every element of y is computed by the same
+  // kernel in the same order whatever n and the strides are: a tensor-parallel shard's columns
+  // (n = plan_n / T) get the bits of the whole GEMM's, and a k-slice read in place from a wider
+  // matrix the bits of the same slice held alone. Operands must then be 16-byte aligned.
+  int64_t plan_n = 0;
 };
 
 class GemmRunner {

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -104,6 +105,143 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmGpuTest,
                                                     4864},  // prefill rows, Qwen2-0.5B MLP
                                            GemmCase{512, 4096, 1024},   // chunk, Llama-3-8B k/v
                                            GemmCase{3, 896, 151936}));  // Qwen2 lm_head
+
+// TP-invariant plans (LinearParams::plan_n): a column shard's GEMM (n / T columns of W, the
+// algorithm chosen for the whole n) gives exactly the bits of the whole GEMM's columns, and a
+// k-slice read in place (x and W strided) exactly those of the slice copied out; with bias, both
+// output types and the accumulate mode. Shapes: Llama-3-8B's qkv (n 6144) and o_proj at decode,
+// batch and chunk rows, and a small preset's.
+struct InvariantCase {
+  int64_t m, k, n;
+};
+
+class GemmInvariantTest : public ::testing::TestWithParam<InvariantCase> {};
+
+TEST_P(GemmInvariantTest, ShardsAndSlicesGetTheWholeGemmsBits) {
+  const InvariantCase c = GetParam();
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(c.m * c.k)), w(static_cast<size_t>(c.n * c.k));
+  std::vector<float> bias(static_cast<size_t>(c.n)), init(static_cast<size_t>(c.m * c.n));
+  for (float& v : x) v = normal(rng);
+  for (float& v : w) v = normal(rng) / std::sqrt(static_cast<float>(c.k));
+  for (float& v : bias) v = normal(rng);
+  for (float& v : init) v = normal(rng);
+  const auto x_bits = gpu_test::RoundToBf16(&x);
+  const auto w_bits = gpu_test::RoundToBf16(&w);
+  const auto bias_bits = gpu_test::RoundToBf16(&bias);
+  std::unique_ptr<GemmRunner> runner;
+  ASSERT_EQ(GemmRunner::Create(&runner), cudaSuccess);
+  DeviceBuffer<uint16_t> d_x(x_bits), d_w(w_bits), d_bias16(bias_bits);
+  DeviceBuffer<float> d_bias32(bias);
+  auto as_bf16 = [](const DeviceBuffer<uint16_t>& b, int64_t offset) {
+    return reinterpret_cast<const __nv_bfloat16*>(b.get()) + offset;
+  };
+  // Downloads `bytes` of y as 32-bit or 16-bit words widened to uint32 (bitwise compares).
+  auto run = [&](LinearParams p, bool fp32, int64_t rows, int64_t cols, bool accumulate,
+                 const std::vector<float>& start) -> std::vector<uint32_t> {
+    std::vector<uint32_t> out(static_cast<size_t>(rows * cols));
+    p.m = rows;
+    p.n = cols;
+    p.out = fp32 ? GemmOutput::kFp32 : GemmOutput::kBf16;
+    p.accumulate = accumulate;
+    if (fp32) {
+      DeviceBuffer<float> y(out.size());
+      if (accumulate) {
+        y.Upload(start);
+      } else {
+        y.Poison();
+      }
+      p.y = y.get();
+      EXPECT_EQ(runner->Linear(p, nullptr), cudaSuccess)
+          << "cublas status " << runner->last_cublas_status();
+      const std::vector<float> got = y.Download();
+      for (size_t i = 0; i < got.size(); ++i) std::memcpy(&out[i], &got[i], 4);
+    } else {
+      DeviceBuffer<uint16_t> y(out.size());
+      y.Poison();
+      p.y = y.get();
+      EXPECT_EQ(runner->Linear(p, nullptr), cudaSuccess)
+          << "cublas status " << runner->last_cublas_status();
+      const std::vector<uint16_t> got = y.Download();
+      for (size_t i = 0; i < got.size(); ++i) out[i] = got[i];
+    }
+    return out;
+  };
+  for (int variant = 0; variant < 4; ++variant) {
+    // 0: bf16 out + bias (qkv); 1: bf16 out; 2: fp32 out; 3: fp32 += + bias (a residual).
+    const bool fp32 = variant >= 2, with_bias = variant == 0 || variant == 3;
+    const bool accumulate = variant == 3;
+    for (int64_t t : {2, 4}) {
+      SCOPED_TRACE(testing::Message() << "variant " << variant << ", T " << t);
+      // Column shards: rank r's rows of W (and of the bias).
+      LinearParams whole;
+      whole.x = as_bf16(d_x, 0);
+      whole.w = as_bf16(d_w, 0);
+      whole.k = c.k;
+      whole.plan_n = c.n;
+      const void* bias_ptr = fp32 ? static_cast<const void*>(d_bias32.get())
+                                  : static_cast<const void*>(d_bias16.get());
+      whole.bias = with_bias ? bias_ptr : nullptr;
+      const std::vector<uint32_t> want = run(whole, fp32, c.m, c.n, accumulate, init);
+      const int64_t cols = c.n / t;
+      int64_t differing = 0;
+      for (int64_t r = 0; r < t; ++r) {
+        LinearParams shard = whole;
+        shard.w = as_bf16(d_w, r * cols * c.k);
+        if (with_bias) {
+          shard.bias = fp32 ? static_cast<const void*>(d_bias32.get() + r * cols)
+                            : static_cast<const void*>(d_bias16.get() + r * cols);
+        }
+        std::vector<float> start(static_cast<size_t>(c.m * cols));
+        for (int64_t i = 0; i < c.m; ++i) {
+          for (int64_t j = 0; j < cols; ++j) start[i * cols + j] = init[i * c.n + r * cols + j];
+        }
+        const std::vector<uint32_t> got = run(shard, fp32, c.m, cols, accumulate, start);
+        for (int64_t i = 0; i < c.m; ++i) {
+          for (int64_t j = 0; j < cols; ++j) {
+            differing += got[i * cols + j] != want[i * c.n + r * cols + j] ? 1 : 0;
+          }
+        }
+      }
+      EXPECT_EQ(differing, 0) << "column shards differ from the whole GEMM";
+      // K-slices: slice s of x and W read in place (strided) against the slice copied out.
+      const int64_t ks = c.k / t;
+      for (int64_t s = 0; s < t; s += t - 1) {
+        std::vector<uint16_t> xs(static_cast<size_t>(c.m * ks)), ws(static_cast<size_t>(c.n * ks));
+        for (int64_t i = 0; i < c.m; ++i) {
+          for (int64_t j = 0; j < ks; ++j) xs[i * ks + j] = x_bits[i * c.k + s * ks + j];
+        }
+        for (int64_t i = 0; i < c.n; ++i) {
+          for (int64_t j = 0; j < ks; ++j) ws[i * ks + j] = w_bits[i * c.k + s * ks + j];
+        }
+        DeviceBuffer<uint16_t> d_xs(xs), d_ws(ws);
+        LinearParams alone;
+        alone.x = as_bf16(d_xs, 0);
+        alone.w = as_bf16(d_ws, 0);
+        alone.k = ks;
+        alone.plan_n = c.n;
+        alone.bias = whole.bias;
+        LinearParams in_place = alone;
+        in_place.x = as_bf16(d_x, s * ks);
+        in_place.w = as_bf16(d_w, s * ks);
+        in_place.x_stride = c.k;
+        in_place.w_stride = c.k;
+        EXPECT_EQ(run(in_place, fp32, c.m, c.n, accumulate, init),
+                  run(alone, fp32, c.m, c.n, accumulate, init))
+            << "k-slice " << s << " read in place differs from the slice alone";
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmInvariantTest,
+                         ::testing::Values(InvariantCase{1, 4096, 6144},     // decode qkv
+                                           InvariantCase{3, 4096, 4096},     // a batch, o_proj
+                                           InvariantCase{64, 4096, 6144},    // a test chunk
+                                           InvariantCase{512, 4096, 6144},   // a chunk's qkv
+                                           InvariantCase{512, 14336, 4096},  // down_proj
+                                           InvariantCase{5, 256, 768}));     // a small preset
 
 TEST(GemmGpuTest, RejectsBadArguments) {
   std::unique_ptr<GemmRunner> runner;
