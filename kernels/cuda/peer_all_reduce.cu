@@ -74,7 +74,23 @@ __device__ __forceinline__ void Push(const U* src, int64_t begin, int64_t end,
   }
 }
 
-// data[i] = sum over ranks, in rank order, for i in [begin, end) (units of U).
+// The ranks' values in the summation order every rank uses: rank order, except that 4 ranks add
+// in pairs, (r0 + r1) + (r2 + r3), the binary tree of TP-invariant numerics (docs/parallel.md);
+// 2 ranks: r0 + r1 either way. `pending` holds r2 until r3 arrives.
+template <typename U>
+__device__ __forceinline__ void Accumulate(U* acc, U* pending, int p, int size, U x) {
+  if (p == 0) {
+    *acc = x;
+  } else if (size == 4 && p == 2) {
+    *pending = x;
+  } else if (size == 4 && p == 3) {
+    *acc = Add(*acc, Add(*pending, x));
+  } else {
+    *acc = Add(*acc, x);
+  }
+}
+
+// data[i] = sum over ranks (Accumulate's order), for i in [begin, end) (units of U).
 template <typename U>
 __device__ __forceinline__ void SumInto(U* data, int64_t begin, int64_t end,
                                         const PeerAllReduceView& v, int parity) {
@@ -82,11 +98,11 @@ __device__ __forceinline__ void SumInto(U* data, int64_t begin, int64_t end,
                               static_cast<int64_t>(parity) * v.size * v.slot_bytes;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const U own = data[i];
-    U acc = v.rank == 0 ? own : __ldcg(reinterpret_cast<const U*>(mine) + i);
-    for (int p = 1; p < v.size; ++p) {
+    U acc = own, pending = own;
+    for (int p = 0; p < v.size; ++p) {
       const U x =
           p == v.rank ? own : __ldcg(reinterpret_cast<const U*>(mine + p * v.slot_bytes) + i);
-      acc = Add(acc, x);
+      Accumulate(&acc, &pending, p, v.size, x);
     }
     data[i] = acc;
   }
@@ -259,7 +275,7 @@ __device__ __forceinline__ bool SmallExchange(U* data, int64_t begin, int64_t en
   unsigned char* mine = v.small[v.rank] + static_cast<int64_t>(parity) * v.size * slot;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const U own = Sanitize(data[i]);
-    U acc = own;
+    U acc = own, pending = own;
     for (int p = 0; p < v.size; ++p) {
       U x = own;
       if (p != v.rank) {
@@ -270,7 +286,7 @@ __device__ __forceinline__ bool SmallExchange(U* data, int64_t begin, int64_t en
         }
         SetMarker(src);
       }
-      acc = p == 0 ? x : Add(acc, x);
+      Accumulate(&acc, &pending, p, v.size, x);
     }
     data[i] = acc;
   }

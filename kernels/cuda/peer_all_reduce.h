@@ -8,8 +8,9 @@
 //      (remote stores over NVLink, no round trip),
 //   2. fences (system scope) and raises its flag in every peer's flag array to this call's
 //      epoch, then waits until each peer's block b has raised its flag here,
-//   3. sums the slice over the ranks in rank order (((x0 + x1) + x2) + ...), its own values
-//      read from `data`, the others from its local receive slots, and writes it into `data`.
+//   3. sums the slice over the ranks in rank order (((x0 + x1) + x2) + ...; 4 ranks in pairs,
+//      (x0 + x1) + (x2 + x3), the fixed tree of TP-invariant numerics), its own values read
+//      from `data`, the others from its local receive slots, and writes it into `data`.
 // Every rank adds the same values in the same order: the sums are bitwise equal across ranks.
 //
 // Why it is safe without a closing barrier: the grid is fixed (kPeerBlocks blocks in every
@@ -87,8 +88,8 @@ cudaError_t PeerAllReducePrepare();
 // `skip` (optional, device memory): when *skip != 0 the call does nothing at all, as if it had
 // not been made; it must then be set on every rank alike (a flag every rank computes from the
 // same values, as the selection cache's hit). Messages of at most small_slot_bytes take the
-// marker protocol. cudaErrorInvalidValue when count * sizeof(T) exceeds slot_bytes, count < 0, or the view's rank/size are out of range; otherwise the
-// launch's error.
+// marker protocol. cudaErrorInvalidValue when count * sizeof(T) exceeds slot_bytes, count < 0, or
+// the view's rank/size are out of range; otherwise the launch's error.
 cudaError_t PeerAllReduceSum(float* data, int64_t count, const PeerAllReduceView& view,
                              cudaStream_t stream, const int32_t* skip = nullptr);
 cudaError_t PeerAllReduceSum(double* data, int64_t count, const PeerAllReduceView& view,

@@ -99,7 +99,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     QuestScoreKernel(float* __restrict__ scores, const uint4* __restrict__ bounds,
                      const float* __restrict__ query, int64_t num_pages, int num_heads,
-                     int num_kv_heads, float scale) {
+                     int num_kv_heads, float scale, int parts) {
   constexpr int L = D / 8;
   extern __shared__ float sq[];
   for (int i = threadIdx.x; i < num_heads * D; i += blockDim.x) sq[i] = query[i];
@@ -108,26 +108,37 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x >> 5;
   const int group = num_heads / num_kv_heads;
   const int row_vecs = num_kv_heads * L;
+  // The KV heads in `parts` equal groups, each scored alone (scaled) and the groups added in a
+  // fixed binary tree: a page's score is then the same sum whether one GPU holds the groups or
+  // tensor-parallel ranks do (TP-invariant numerics; parts 1 otherwise).
+  const int part_vecs = row_vecs / parts;
   for (int64_t page = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; page < num_pages;
        page += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
     const uint4* lo_row = bounds + page * 2 * row_vecs;
     const uint4* hi_row = lo_row + row_vecs;
-    float acc = 0.0f;
+    float left = 0.0f, right = 0.0f;  // the tree's two halves: parts 0-1 and 2-3
+    for (int part = 0; part < parts; ++part) {
+      float acc = 0.0f;
 #pragma unroll 4
-    for (int c = lane; c < row_vecs; c += 32) {
-      float lo[8], hi[8];
-      Bf16x8ToFloat(__ldg(lo_row + c), lo);
-      Bf16x8ToFloat(__ldg(hi_row + c), hi);
-      const int kv = c / L;
-      const int sub = c % L;
-      for (int gi = 0; gi < group; ++gi) {
-        const float* q = sq + (kv * group + gi) * D + sub * 8;
+      for (int c = part * part_vecs + lane; c < (part + 1) * part_vecs; c += 32) {
+        float lo[8], hi[8];
+        Bf16x8ToFloat(__ldg(lo_row + c), lo);
+        Bf16x8ToFloat(__ldg(hi_row + c), hi);
+        const int kv = c / L;
+        const int sub = c % L;
+        for (int gi = 0; gi < group; ++gi) {
+          const float* q = sq + (kv * group + gi) * D + sub * 8;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc += fmaxf(q[e] * lo[e], q[e] * hi[e]);
+          for (int e = 0; e < 8; ++e) acc += fmaxf(q[e] * lo[e], q[e] * hi[e]);
+        }
       }
+      const float v = scale * WarpSum(acc);
+      if (part == 0) left = v;
+      if (part == 1) left += v;
+      if (part == 2) right = v;
+      if (part == 3) right += v;
     }
-    acc = WarpSum(acc);
-    if (lane == 0) scores[page] = scale * acc;
+    if (lane == 0) scores[page] = parts == 4 ? left + right : left;
   }
 }
 
@@ -243,7 +254,11 @@ size_t QuestSelectWorkspaceBytes(int64_t num_pages, int64_t k, int64_t page_size
 
 cudaError_t QuestScorePages(const QuestSelectParams& p, cudaStream_t stream) {
   const SelectionProblem& pr = p.problem;
-  if (!ValidProblem(pr) || p.page_size <= 0) return cudaErrorInvalidValue;
+  const int parts = p.head_parts;
+  if (!ValidProblem(pr) || p.page_size <= 0 || (parts != 1 && parts != 2 && parts != 4) ||
+      pr.num_kv_heads % parts != 0) {
+    return cudaErrorInvalidValue;
+  }
   if (Covers(pr) || pr.k == 0) return cudaSuccess;  // QuestChoosePages reads no score
   const int64_t pages = QuestNumPages(pr, p.page_size);
   const size_t smem = static_cast<size_t>(pr.num_heads) * pr.head_dim * sizeof(float);
@@ -253,10 +268,10 @@ cudaError_t QuestScorePages(const QuestSelectParams& p, cudaStream_t stream) {
   const int h_kv = static_cast<int>(pr.num_kv_heads);
   if (pr.head_dim == 64) {
     QuestScoreKernel<64><<<grid, kThreads, smem, stream>>>(p.page_scores, bounds, pr.query, pages,
-                                                           h, h_kv, pr.scale);
+                                                           h, h_kv, pr.scale, parts);
   } else {
-    QuestScoreKernel<128><<<grid, kThreads, smem, stream>>>(p.page_scores, bounds, pr.query,
-                                                            pages, h, h_kv, pr.scale);
+    QuestScoreKernel<128><<<grid, kThreads, smem, stream>>>(p.page_scores, bounds, pr.query, pages,
+                                                            h, h_kv, pr.scale, parts);
   }
   return cudaGetLastError();
 }

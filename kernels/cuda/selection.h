@@ -87,6 +87,24 @@ struct VoteParams {
 // Heads are summed in a fixed order, so equal logit rows give bitwise-equal votes.
 cudaError_t VoteFromLogits(const VoteParams& params, cudaStream_t stream);
 
+// Per-head softmax statistics of ScoreKeys' logits (the head_max / head_inv_sum it writes) in
+// an order fixed by n alone, not by the head count or the grid (head_stats.cu): TP-invariant
+// numerics run it after ScoreKeys, so that one GPU and every tensor-parallel rank vote from the
+// same bits. Two launches; the workspace needs no initialisation.
+struct HeadStatsParams {
+  float* head_max = nullptr;      // [num_heads] (out)
+  float* head_inv_sum = nullptr;  // [num_heads] (out)
+  const float* logits = nullptr;  // [n, num_heads]
+  void* workspace = nullptr;      // HeadSoftmaxStatsWorkspaceBytes(n, num_heads)
+  int64_t n = 0;                  // a bound when device_n is set
+  DeviceLength device_n;
+  int64_t num_heads = 0;          // up to 512
+  const int32_t* skip = nullptr;  // optional [1]: when *skip != 0, write nothing
+};
+
+size_t HeadSoftmaxStatsWorkspaceBytes(int64_t n, int64_t num_heads);
+cudaError_t HeadSoftmaxStats(const HeadStatsParams& params, cudaStream_t stream);
+
 struct TopKParams {
   int32_t* out = nullptr;               // [min(k, n)] indices, ascending
   const float* scores = nullptr;        // [n]

@@ -21,11 +21,11 @@
 // fp32 [num_heads, head_dim], scores fp32. An FP8 cache (kv_cache_type.h) is read by Quest's page
 // bounds only (bounds of the dequantized keys, bit for bit those of a bf16 cache holding them);
 // SpanSelect and InfLlmSelect take bf16 keys and return cudaErrorInvalidValue for FP8 (no GPU
-// provider runs them yet: engine/selection/cuda_selection.h). Launchers take a cudaStream_t, never synchronise, and
-// return the first CUDA error; cudaErrorInvalidValue for unsupported shapes (head_dim 64 or 128,
-// group size 1, 2, 4 or 8) or inconsistent sizes. Outputs whose length is only known on the
-// device come with a device-side count. When n_init + k + n_local >= N every launcher selects
-// [0, N) without reading a key, as the CPU policies do.
+// provider runs them yet: engine/selection/cuda_selection.h). Launchers take a cudaStream_t, never
+// synchronise, and return the first CUDA error; cudaErrorInvalidValue for unsupported shapes
+// (head_dim 64 or 128, group size 1, 2, 4 or 8) or inconsistent sizes. Outputs whose length is only
+// known on the device come with a device-side count. When n_init + k + n_local >= N every launcher
+// selects [0, N) without reading a key, as the CPU policies do.
 #ifndef TOKENSELECT_KERNELS_CUDA_SPAN_SCORING_H_
 #define TOKENSELECT_KERNELS_CUDA_SPAN_SCORING_H_
 
@@ -141,6 +141,10 @@ struct QuestSelectParams {
   SelectionProblem problem;  // k_cache unused
   int64_t page_size = 16;
   void* workspace = nullptr;  // QuestSelectWorkspaceBytes(); no initialisation needed
+  // 1, 2 or 4 (dividing num_kv_heads): the KV heads' groups whose shares of a page's score are
+  // added in a fixed binary tree (TP-invariant numerics: a tensor-parallel rank's groups are
+  // its share of the one-GPU tree); 1 sums all heads in one pass.
+  int head_parts = 1;
 };
 
 size_t QuestSelectWorkspaceBytes(int64_t num_pages, int64_t k, int64_t page_size);

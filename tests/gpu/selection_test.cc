@@ -228,6 +228,82 @@ INSTANTIATE_TEST_SUITE_P(
                       ScoreCase{30011, 16, 2, 64, 16384}));   // g = 8, d = 64, large k
 
 // Top-k alone on adversarial scores: many exact ties, NaN, +-0, +-inf, negatives.
+// HeadSoftmaxStats (TP-invariant numerics): against a double-precision reference, and a head's
+// statistics from the logits of all heads bit for bit those from a copy holding only half of
+// the heads (what a tensor-parallel rank scores), over n below, at and across the kernel's block
+// of tokens; with a device length (a bound larger than n) and the skip flag.
+TEST(HeadStatsGpuTest, MatchReferenceAndDoNotDependOnTheHeadCount) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int64_t heads : {8, 32}) {
+    for (int64_t n : {1, 37, 4096, 4097, 20000}) {
+      SCOPED_TRACE(testing::Message() << "heads " << heads << ", n " << n);
+      std::vector<float> logits(static_cast<size_t>(n * heads));
+      for (float& v : logits) v = normal(rng);
+      const int64_t half = heads / 2;
+      std::vector<float> upper(static_cast<size_t>(n * half));
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t h = 0; h < half; ++h) upper[j * half + h] = logits[j * heads + half + h];
+      }
+      auto run = [&](const std::vector<float>& l, int64_t hcount, int64_t bound,
+                     std::vector<float>* max, std::vector<float>* inv) {
+        DeviceBuffer<float> d_l(l), d_max(static_cast<size_t>(hcount)),
+            d_inv(static_cast<size_t>(hcount));
+        DeviceBuffer<char> ws(HeadSoftmaxStatsWorkspaceBytes(bound, hcount));
+        DeviceBuffer<int32_t> d_n(std::vector<int32_t>{static_cast<int32_t>(n)});
+        d_max.Poison();
+        d_inv.Poison();
+        HeadStatsParams p;
+        p.head_max = d_max.get();
+        p.head_inv_sum = d_inv.get();
+        p.logits = d_l.get();
+        p.workspace = ws.get();
+        p.n = bound;
+        if (bound != n) p.device_n.count = d_n.get();
+        p.num_heads = hcount;
+        ASSERT_EQ(HeadSoftmaxStats(p, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        *max = d_max.Download();
+        *inv = d_inv.Download();
+      };
+      std::vector<float> max, inv, max_half, inv_half, max_bound, inv_bound;
+      std::vector<float> padded = logits;
+      padded.resize(static_cast<size_t>((n + 5000) * heads), 1e30f);  // past n: never read
+      run(logits, heads, n, &max, &inv);
+      run(upper, half, n, &max_half, &inv_half);
+      run(padded, heads, n + 5000, &max_bound, &inv_bound);
+      for (int64_t h = 0; h < heads; ++h) {
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; ++j) m = std::max<double>(m, logits[j * heads + h]);
+        for (int64_t j = 0; j < n; ++j) sum += std::exp(logits[j * heads + h] - m);
+        EXPECT_EQ(max[h], static_cast<float>(m)) << "head " << h;
+        EXPECT_NEAR(inv[h] * sum, 1.0, 1e-5) << "head " << h;
+        EXPECT_EQ(max_bound[h], max[h]) << "head " << h;
+        EXPECT_EQ(inv_bound[h], inv[h]) << "head " << h;
+      }
+      for (int64_t h = 0; h < half; ++h) {
+        EXPECT_EQ(max_half[h], max[half + h]) << "head " << half + h;
+        EXPECT_EQ(inv_half[h], inv[half + h]) << "head " << half + h << " (bits differ)";
+      }
+    }
+  }
+  // A set skip flag writes nothing.
+  DeviceBuffer<float> d_l(std::vector<float>(64, 1.0f)), d_max(8), d_inv(8);
+  DeviceBuffer<char> ws(HeadSoftmaxStatsWorkspaceBytes(8, 8));
+  DeviceBuffer<int32_t> skip(std::vector<int32_t>{1});
+  d_max.Poison();
+  HeadStatsParams p;
+  p.head_max = d_max.get();
+  p.head_inv_sum = d_inv.get();
+  p.logits = d_l.get();
+  p.workspace = ws.get();
+  p.n = 8;
+  p.num_heads = 8;
+  p.skip = skip.get();
+  ASSERT_EQ(HeadSoftmaxStats(p, nullptr), cudaSuccess);
+  for (float v : d_max.Download()) EXPECT_TRUE(std::isnan(v));
+}
+
 TEST(TopKGpuTest, MatchesCpuExactlyWithTies) {
   std::mt19937 rng(std::random_device{}());
   const int64_t sizes[] = {1, 7, 1000, 4096 * 3 + 5, (int64_t{1} << 20) + 3, int64_t{4} << 20};
