@@ -12,6 +12,8 @@
 // KV + 8 GiB of slack) are skipped: 1M tokens of Llama-3-8B KV is 128 GiB, which needs >= 2 H200.
 //   bench_tp_cuda [--tp 1,2,4] [--contexts 131072,1048576] [--policies dense,tokenselect]
 //                 [--decode 16] [--chunks 3] [--graphs 1] [--theta 0.9] [--kv_dtype bf16|fp8]
+//                 [--invariant_shards 0|1|2|4]  (TP-invariant numerics, docs/parallel.md; the
+//                 TP sizes run must divide it)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -93,7 +95,8 @@ class Providers {
     RETURN_IF_ERROR(model->RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
       ASSIGN_OR_RETURN(p->owned_[rank],
                        CudaSelectionAttention::Create(options, shard->config(), max_tokens,
-                                                      shard->options().max_chunk, model->size()));
+                                                      shard->options().max_chunk, model->size(),
+                                                      shard->options().invariant_shards));
       return absl::OkStatus();
     }));
     for (auto& o : p->owned_) p->ptrs_.push_back(o.get());
@@ -134,9 +137,10 @@ struct Row {
   } while (0)
 
 // Everything for one TP size; appends its rows.
-absl::Status RunTp(int tp, KvCacheDType kv_dtype, const std::vector<int64_t>& contexts,
-                   const std::vector<std::string>& policies, int64_t decode, int64_t chunks,
-                   bool graphs, double theta, std::vector<Row>* rows) {
+absl::Status RunTp(int tp, KvCacheDType kv_dtype, int invariant_shards,
+                   const std::vector<int64_t>& contexts, const std::vector<std::string>& policies,
+                   int64_t decode, int64_t chunks, bool graphs, double theta,
+                   std::vector<Row>* rows) {
   const ModelConfig config = Llama3_8BConfig();
   const int64_t L = config.num_layers, hidden = config.hidden_size;
   const int64_t layer_params = hidden * (config.q_dim() + 2 * config.kv_dim()) +
@@ -175,6 +179,7 @@ absl::Status RunTp(int tp, KvCacheDType kv_dtype, const std::vector<int64_t>& co
   options.model.max_batch = 8;
   options.model.use_graphs = graphs;
   options.model.kv_dtype = kv_dtype;
+  options.model.invariant_shards = invariant_shards;
   DummyWeightOptions dummy;
   dummy.init = DummyInit::kHuggingFace;
   const auto load_start = std::chrono::steady_clock::now();
@@ -277,8 +282,10 @@ int Main(int argc, char** argv) {
   bool graphs = true;
   double theta = 0.9;
   KvCacheDType kv_dtype = KvCacheDType::kBF16;
+  int invariant_shards = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--invariant_shards") invariant_shards = std::atoi(argv[i + 1]);
     if (flag == "--tp") tp_list = argv[i + 1];
     if (flag == "--contexts") context_list = argv[i + 1];
     if (flag == "--policies") policy_list = argv[i + 1];
@@ -302,9 +309,11 @@ int Main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("devices: %d x %s; decode steps %lld, graphs %s, theta %.2f, KV cache %s\n", devices,
-              prop.name, static_cast<long long>(decode), graphs ? "on" : "off", theta,
-              KvCacheDTypeName(kv_dtype));
+  std::printf(
+      "devices: %d x %s; decode steps %lld, graphs %s, theta %.2f, KV cache %s, TP-invariant "
+      "shards %d\n",
+      devices, prop.name, static_cast<long long>(decode), graphs ? "on" : "off", theta,
+      KvCacheDTypeName(kv_dtype), invariant_shards);
   const std::vector<std::string> policies = ParseNames(policy_list);
   std::vector<Row> rows;
   bool failed = false;
@@ -313,8 +322,9 @@ int Main(int argc, char** argv) {
       std::printf("TP=%lld: skipped (%d GPUs)\n", static_cast<long long>(tp), devices);
       continue;
     }
-    const absl::Status st = RunTp(static_cast<int>(tp), kv_dtype, ParseList(context_list), policies,
-                                  decode, chunks, graphs, theta, &rows);
+    const absl::Status st =
+        RunTp(static_cast<int>(tp), kv_dtype, invariant_shards, ParseList(context_list), policies,
+              decode, chunks, graphs, theta, &rows);
     if (!st.ok()) {
       std::printf("TP=%lld failed: %s\n", static_cast<long long>(tp), st.ToString().c_str());
       failed = true;

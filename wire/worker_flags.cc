@@ -23,6 +23,11 @@ ABSL_FLAG(int32_t, gpu, 0,
 ABSL_FLAG(int32_t, tp, 1,
           "with --device cuda: tensor-parallel size, the model sharded by heads over GPUs --gpu "
           ".. --gpu + tp - 1 (must divide the attention heads, KV heads and intermediate_size)");
+ABSL_FLAG(int32_t, tp_invariant, 0,
+          "with --device cuda: TP-invariant numerics for --tp sizes dividing this value (0 off, "
+          "1, 2 or 4): logits bit for bit the same on 1, 2 or 4 GPUs, at some speed cost "
+          "(docs/parallel.md); a prefill and a decode worker of different --tp need the same "
+          "value");
 ABSL_FLAG(int64_t, kv_pages, 4096,
           "KV-cache pages of --page_size token slots (--device cuda: 0 plans the capacity from "
           "the GPU's free memory, see --gpu_memory_fraction)");
@@ -63,6 +68,7 @@ absl::StatusOr<WorkerFlags> WorkerFlagsFromFlags() {
   o.device = absl::GetFlag(FLAGS_device);
   o.gpu = absl::GetFlag(FLAGS_gpu);
   o.tp = absl::GetFlag(FLAGS_tp);
+  o.tp_invariant = absl::GetFlag(FLAGS_tp_invariant);
   ASSIGN_OR_RETURN(o.kv_dtype, engine::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_dtype)));
   o.kv_pages = absl::GetFlag(FLAGS_kv_pages);
   o.page_size = absl::GetFlag(FLAGS_page_size);

@@ -75,6 +75,11 @@ ABSL_FLAG(std::string, kv_dtype, "bf16",
 ABSL_FLAG(int32_t, tp, 1,
           "generate: with --device cuda, tensor-parallel size: the model sharded by heads over "
           "GPUs 0 .. tp - 1.");
+ABSL_FLAG(int32_t, tp_invariant, 0,
+          "generate: with --device cuda, TP-invariant numerics for --tp sizes dividing this value "
+          "(0 off, "
+          "1, 2 or 4): the same tokens, bit for bit the same logits, on 1, 2 or 4 GPUs "
+          "(docs/parallel.md)");
 
 // --server (remote_commands.cc): run the request on a router instead of offline.
 ABSL_DECLARE_FLAG(std::string, server);
@@ -220,6 +225,7 @@ absl::StatusOr<engine::GenerationResult> GenerateOnCuda(engine::LoadFormat forma
   cuda.max_batch = 1;  // one request: no batched decode
   cuda.capture_on_first_sight = true;  // its decode rows never change: no step by segments
   ASSIGN_OR_RETURN(cuda.kv_dtype, engine::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_dtype)));
+  cuda.invariant_shards = absl::GetFlag(FLAGS_tp_invariant);
   if (cuda.max_tokens < 1) return absl::InvalidArgumentError("--max_context must be >= 1");
   ASSIGN_OR_RETURN(engine::LoadedTpCudaModel loaded,
                    engine::LoadTpCudaModelDirectory(absl::GetFlag(FLAGS_model), format,
@@ -255,6 +261,14 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   }
   if (absl::GetFlag(FLAGS_kv_dtype) != "bf16" && device != "cuda") {
     return absl::InvalidArgumentError("--kv_dtype fp8 needs --device cuda");
+  }
+  if (const int s = absl::GetFlag(FLAGS_tp_invariant); s != 0) {
+    const int tp = absl::GetFlag(FLAGS_tp);
+    if (device != "cuda") return absl::InvalidArgumentError("--tp_invariant needs --device cuda");
+    if ((s != 1 && s != 2 && s != 4) || tp < 1 || s % tp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tp_invariant must be 0, 1, 2 or 4 and a multiple of --tp ", tp, ", got ", s));
+    }
   }
   engine::GenerationOptions options;
   ASSIGN_OR_RETURN(options.sampling, SamplingFromFlags());

@@ -185,9 +185,9 @@ absl::StatusOr<std::unique_ptr<SequenceRunner>> CudaBackend::Start(
   std::vector<std::unique_ptr<CudaSelectionAttention>> attention(
       static_cast<size_t>(model_->size()));
   const absl::Status made = model_->RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
-    ASSIGN_OR_RETURN(attention[rank],
-                     CudaSelectionAttention::Create(selection, shard->config(), max_tokens,
-                                                    mo.max_chunk, model_->size()));
+    ASSIGN_OR_RETURN(attention[rank], CudaSelectionAttention::Create(
+                                          selection, shard->config(), max_tokens, mo.max_chunk,
+                                          model_->size(), mo.invariant_shards));
     return absl::OkStatus();
   });
   if (!made.ok()) {

@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<WorkerBackend>> LoadCudaWorker(const std::string&
   cuda.max_chunk = o.max_chunk;
   cuda.max_batch = o.max_batch;
   cuda.kv_dtype = o.kv_dtype;
+  cuda.invariant_shards = o.tp_invariant;
   if (o.kv_pages > 0) {
     cuda.max_tokens = o.kv_pages * o.page_size;
   } else {
@@ -143,6 +144,15 @@ absl::Status ValidateWorkerBackendOptions(const WorkerBackendOptions& o) {
   if (o.tp < 1) return absl::InvalidArgumentError("--tp must be >= 1");
   if (o.tp > 1 && o.device != "cuda") {
     return absl::InvalidArgumentError("--tp > 1 needs --device cuda");
+  }
+  if (o.tp_invariant != 0) {
+    if (o.device != "cuda") return absl::InvalidArgumentError("--tp_invariant needs --device cuda");
+    if ((o.tp_invariant != 1 && o.tp_invariant != 2 && o.tp_invariant != 4) ||
+        o.tp_invariant % o.tp != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tp_invariant must be 0, 1, 2 or 4 and a multiple of --tp ", o.tp,
+                       ", got ", o.tp_invariant));
+    }
   }
   if (o.kv_dtype != KvCacheDType::kBF16 && o.device != "cuda") {
     return absl::InvalidArgumentError(

@@ -32,6 +32,9 @@ struct WorkerBackendOptions {
   int gpu = 0;                 // cuda: the device ordinal (of the first rank)
   int tp = 1;                  // cuda: tensor-parallel size (GPUs gpu .. gpu + tp - 1)
   KvCacheDType kv_dtype = KvCacheDType::kBF16;  // cuda: the KV cache's element type
+  // cuda: TP-invariant numerics (CudaModelOptions::invariant_shards): 0 off, or 1, 2, 4 (a
+  // multiple of tp): logits bit for bit the same for every tp dividing it.
+  int tp_invariant = 0;
   // KV capacity in pages of page_size token slots; cuda: 0 plans it from free memory.
   int64_t kv_pages = 4096;
   int64_t page_size = 16;
@@ -44,8 +47,9 @@ struct WorkerBackendOptions {
   uint64_t dummy_seed = 0;
 };
 
-// InvalidArgument naming the flag for a bad device, gpu, tp, kv_pages, page_size, max_chunk,
-// max_batch or gpu_memory_fraction (tp > 1 and kv_dtype fp8 need device cuda).
+// InvalidArgument naming the flag for a bad device, gpu, tp, tp_invariant, kv_pages, page_size,
+// max_chunk, max_batch or gpu_memory_fraction (tp > 1, tp_invariant and kv_dtype fp8 need device
+// cuda).
 absl::Status ValidateWorkerBackendOptions(const WorkerBackendOptions& options);
 
 class WorkerBackend {

@@ -61,6 +61,10 @@ class CudaTensorParallel {
   // waits for this rank's launch never does. Launching no collective before every rank has
   // reached it rules that deadlock out. FailedPrecondition once the group was aborted.
   virtual absl::Status WaitForRanks() { return absl::OkStatus(); }
+  // Whether every sum adds the ranks' values in one fixed binary tree ((r0 + r1) + (r2 + r3)
+  // for 4), whatever the message size: what TP-invariant numerics (CudaModelOptions::
+  // invariant_shards) need. Two ranks always do (a + b is exact in either order).
+  virtual bool SumsInFixedTree() const { return size() <= 2; }
 };
 
 // The kernels' name for a cache element type (kernels/cuda/kv_cache_type.h).

@@ -120,20 +120,33 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logit
   const int64_t hidden = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim();
   const int64_t inter = c.intermediate_size, qkv_dim = q_dim + 2 * kv_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  auto linear = [&](void* y, const __nv_bfloat16* x, const DeviceMemory& w,
-                    const DeviceMemory& bias, int64_t rows, int64_t k, int64_t n, bool fp32_out,
-                    bool accumulate) {
+  // TP-invariant numerics (CudaModelOptions::invariant_shards): plan_n is the whole model's n.
+  const int64_t shards = options_.invariant_shards;
+  const int64_t tp_size = IsSharded(options_.tp) ? options_.tp->size() : 1;
+  // A GEMM y = x W^T on x's and W's columns [k0, k0 + k) of rows `stride` long (0: k).
+  auto linear_slice = [&](void* y, const __nv_bfloat16* x, const __nv_bfloat16* w, const void* bias,
+                          int64_t rows, int64_t k, int64_t stride, int64_t n, int64_t plan_n,
+                          bool fp32_out, bool accumulate) {
     kc::LinearParams p;
     p.y = y;
     p.x = x;
-    p.w = w.bf16();
-    p.bias = bias.bytes() > 0 ? bias.as<void>() : nullptr;
+    p.w = w;
+    p.bias = bias;
     p.m = rows;
     p.k = k;
     p.n = n;
+    p.x_stride = p.w_stride = stride;
+    p.plan_n = shards > 0 ? plan_n : 0;
     p.out = fp32_out ? kc::GemmOutput::kFp32 : kc::GemmOutput::kBf16;
     p.accumulate = accumulate;
     return CudaStatus(d.gemm->Linear(p, s), "Linear");
+  };
+  // Column-parallel (or replicated) GEMMs: n is the rank's share of the whole n_total.
+  auto linear = [&](void* y, const __nv_bfloat16* x, const DeviceMemory& w,
+                    const DeviceMemory& bias, int64_t rows, int64_t k, int64_t n, int64_t n_total,
+                    bool fp32_out) {
+    return linear_slice(y, x, w.bf16(), bias.bytes() > 0 ? bias.as<void>() : nullptr, rows, k, 0, n,
+                        n_total, fp32_out, false);
   };
   auto rms_norm = [&](const DeviceMemory& weight, float* x, int64_t rows) {
     kc::RmsNormParams p;
@@ -149,13 +162,38 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logit
   // partial sum of the layer's output. Rank 0 adds its partial and the bias to x (the GEMM
   // epilogue), the others write their partial over x, and an all-reduce sums the ranks' x: the
   // old residual and the bias counted once, every partial once, every rank left with the same x.
+  //
+  // With TP-invariant numerics the whole k splits into S slices whose partial sums (the first
+  // with the old x and the bias) meet in a fixed binary tree; rank r of T holds the S / T slices
+  // [r S / T, (r + 1) S / T) and sums them as that subtree, the all-reduce adds the subtrees (2
+  // ranks: a + b, exact in either order). A pair is one GEMM and an accumulating GEMM
+  // (round(a + acc) is the sum of two leaves, the second exact in fp32); four slices add a
+  // second pair (in `partial`) to the first.
   CudaTensorParallel* tp = IsSharded(options_.tp) ? options_.tp : nullptr;
   const bool lead = tp == nullptr || tp->rank() == 0;
   DeviceMemory no_bias;
   auto row_parallel = [&](const __nv_bfloat16* in, const DeviceMemory& w, const DeviceMemory& bias,
                           int64_t k) -> absl::Status {
-    RETURN_IF_ERROR(
-        linear(d.x.as<void>(), in, w, lead ? bias : no_bias, m, k, hidden, true, lead));
+    const void* lead_bias = lead && bias.bytes() > 0 ? bias.as<void>() : nullptr;
+    const int64_t slices = shards > 0 ? shards / tp_size : 1;
+    if (slices <= 1) {
+      RETURN_IF_ERROR(linear_slice(d.x.as<void>(), in, w.bf16(), lead_bias, m, k, 0, hidden, hidden,
+                                   true, lead));
+    } else {
+      const int64_t ks = k / slices;
+      auto leaf = [&](void* y, int64_t slice, const void* b, bool accumulate) {
+        return linear_slice(y, in + slice * ks, w.bf16() + slice * ks, b, m, ks, k, hidden, hidden,
+                            true, accumulate);
+      };
+      RETURN_IF_ERROR(leaf(d.x.as<void>(), 0, lead_bias, lead));
+      RETURN_IF_ERROR(leaf(d.x.as<void>(), 1, nullptr, true));
+      if (slices == 4) {
+        RETURN_IF_ERROR(leaf(d.partial.as<void>(), 2, nullptr, false));
+        RETURN_IF_ERROR(leaf(d.partial.as<void>(), 3, nullptr, true));
+        RETURN_IF_ERROR(CudaStatus(
+            kc::AddInPlace(d.x.as<float>(), d.partial.as<float>(), m * hidden, s), "AddInPlace"));
+      }
+    }
     if (tp == nullptr) return absl::OkStatus();
     return tp->AllReduceSum(d.x.as<float>(), m * hidden, s);
   };
@@ -168,7 +206,7 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logit
     RETURN_IF_ERROR(row_parallel(d.attn.bf16(), b.o, b.o_bias, q_dim));
     RETURN_IF_ERROR(rms_norm(b.post_norm, d.x.as<float>(), m));
     RETURN_IF_ERROR(linear(d.gate_up.as<void>(), d.h.bf16(), b.gate_up, b.gate_up_bias, m, hidden,
-                           2 * inter, false, false));
+                           2 * inter, 2 * inter * tp_size, false));
     kc::SwiGluParams sp;
     sp.out = d.act.bf16();
     sp.gate = d.gate_up.bf16();
@@ -184,12 +222,12 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logit
     RETURN_IF_ERROR(rms_norm(d.norm, d.x.as<float>() + (m - logits_rows) * hidden, logits_rows));
     const DeviceMemory& lm_head = d.lm_head.bytes() > 0 ? d.lm_head : d.embed;
     return linear(d.logits.as<void>(), d.h.bf16(), lm_head, no_bias, logits_rows, hidden,
-                  c.vocab_size, true, false);
+                  c.vocab_size, c.vocab_size, true);
   }
   LayerBuffers& b = d.layers[segment];
   RETURN_IF_ERROR(rms_norm(b.input_norm, d.x.as<float>(), m));
-  RETURN_IF_ERROR(
-      linear(d.qkv.as<void>(), d.h.bf16(), b.qkv, b.qkv_bias, m, hidden, qkv_dim, false, false));
+  RETURN_IF_ERROR(linear(d.qkv.as<void>(), d.h.bf16(), b.qkv, b.qkv_bias, m, hidden, qkv_dim,
+                         qkv_dim * tp_size, false));
   kc::KvAppendParams kv;
   kv.k_cache = b.k_cache.as<void>();
   kv.v_cache = b.v_cache.as<void>();
@@ -284,6 +322,12 @@ absl::StatusOr<CudaAttentionProvider*> CudaModel::RowProvider(const StepRow& row
   return d.dense_rows[row.row].get();
 }
 
+int64_t CudaModel::PlanKvHeads() const {
+  if (options_.invariant_shards == 0) return config_.num_kv_heads;
+  const int64_t tp_size = IsSharded(options_.tp) ? options_.tp->size() : 1;
+  return config_.num_kv_heads * tp_size / options_.invariant_shards;
+}
+
 absl::Status CudaModel::Attention(int64_t layer, const StepRow& row, const int32_t* device_length,
                                   int64_t bound) {
   const ModelConfig& c = config_;
@@ -331,10 +375,10 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row, const int32
     ap.num_heads = c.num_heads;
     ap.num_kv_heads = c.num_kv_heads;
     ap.head_dim = c.head_dim;
-    ap.num_splits = d.tuned_attention ? kc::PlanDecodeSplits(1, c.num_kv_heads,
-                                                             std::max<int64_t>(1, list.max_kv_len),
-                                                             d.num_sms)
-                                      : 1;
+    ap.num_splits = d.tuned_attention
+                        ? kc::PlanDecodeSplits(1, PlanKvHeads(),
+                                               std::max<int64_t>(1, list.max_kv_len), d.num_sms)
+                        : 1;
     ap.scale = scale;
     if (d.tuned_attention) {
       RETURN_IF_ERROR(reserve_workspace(
@@ -370,8 +414,8 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row, const int32
   pp.max_kv_len = std::max<int64_t>(1, list.max_kv_len);
   pp.scale = scale;
   if (d.tuned_attention) {
-    pp.num_splits = kc::PlanPrefillSplits(1, c.num_heads, c.num_kv_heads, m, pp.max_kv_len,
-                                          d.num_sms);
+    pp.num_splits = kc::PlanPrefillSplits(1, PlanKvHeads() * c.group_size(), PlanKvHeads(), m,
+                                          pp.max_kv_len, d.num_sms);
     RETURN_IF_ERROR(reserve_workspace(
         kc::PrefillAttentionWorkspaceBytes(m, c.num_heads, c.head_dim, pp.num_splits)));
   }

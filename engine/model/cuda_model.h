@@ -16,8 +16,9 @@
 // CUDA graph of the whole step when every row's attention provider can take its cache length on
 // the device (cuda_model_step_graph.cc), and otherwise graphs of the shape-static parts
 // (everything between one layer's attention and the next's: o_proj, MLP, norms, qkv GEMM, KV
-// append) with selection and attention launched one by one. Attention goes through the tuned kernels for head_dim 64/128 and group 1/2/4/8, and
-// through the simple kernels otherwise (the tiny test presets).
+// append) with selection and attention launched one by one. Attention goes through the tuned
+// kernels for head_dim 64/128 and group 1/2/4/8, and through the simple kernels otherwise (the tiny
+// test presets).
 //
 // The KV cache is a pool of max_tokens slots in pages of page_size, shared by sequences
 // (CudaSequence: one request's pages and token -> slot map); pages are handed out in a scrambled
@@ -79,6 +80,15 @@ struct CudaModelOptions {
   // Tensor parallelism (docs/parallel.md; engine/parallel/tp_cuda_model.h drives N of these).
   int device = -1;                  // CUDA device of the model; -1: the caller's current device
   CudaTensorParallel* tp = nullptr;  // the rank's group (not owned); null or size 1: no sharding
+  // TP-invariant numerics (docs/parallel.md): 0 off; S in {1, 2, 4}: the logits do not depend
+  // on the tensor-parallel size T, bit for bit, for every T dividing S. The row-parallel GEMMs
+  // (o_proj, down_proj) sum S k-slices in a fixed binary tree (T = 1 runs S GEMMs per layer, T
+  // = S one per rank and the all-reduce adds the tree's top), the column-parallel GEMMs run the
+  // algorithm chosen for the whole model's shape (kernels/cuda/gemm.h plan_n), and the
+  // attention kernels split their lists as for the whole model's heads. Selection providers
+  // need SelectionOptions::tp_invariant too. Costs S - 1 more GEMM launches per row-parallel
+  // GEMM at T = 1.
+  int invariant_shards = 0;
 };
 
 class CudaModel;
@@ -271,6 +281,10 @@ class CudaModel {
   absl::Status Attention(int64_t layer, const StepRow& row, const int32_t* device_length = nullptr,
                          int64_t bound = 0);
   CudaAttentionQuery LayerQuery(int64_t layer, const StepRow& row) const;
+  // The KV heads the attention kernels plan their splits for: this shard's, or with TP-invariant
+  // numerics those of a shard of S (so every tensor-parallel size splits a list alike, as TP=S
+  // would on its own).
+  int64_t PlanKvHeads() const;
   // Grows the attention workspace to `bytes` (after waiting for the stream). Where nothing may be
   // allocated inside a step (!may_allocate: tensor parallelism, where Build reserved it, or a
   // step on device lengths, which PlanRows reserved for) a shortfall is Internal.

@@ -89,7 +89,11 @@ struct CudaModel::Device {
   std::vector<cuda_model_internal::LayerBuffers> layers;
   cuda_model_internal::DeviceMemory embed, lm_head, norm, inv_freq;
   // Activations for up to max_chunk rows; logits and greedy ids for up to max_batch rows.
-  cuda_model_internal::DeviceMemory x, h, qkv, attn, gate_up, act, logits, tokens, new_slots, greedy;
+  cuda_model_internal::DeviceMemory x, h, qkv, attn, gate_up, act, logits, tokens, new_slots,
+      greedy;
+  // fp32 [max_chunk, hidden]: a row-parallel GEMM's second pair of k-slices (TP-invariant
+  // numerics with four slices on this rank); empty otherwise.
+  cuda_model_internal::DeviceMemory partial;
   // iota[i] = i (dense lists' positions); q_indptr = {0, m} (prefill steps).
   cuda_model_internal::DeviceMemory iota, q_indptr, attention_workspace;
   // FP8 KV cache: the scales, fp32 [num_layers, 2, num_kv_heads] (kv_scales.h).

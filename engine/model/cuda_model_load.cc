@@ -306,6 +306,33 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
   // Everything below is sized by the rank's shard; `config` still names and shapes the tensors
   // the source reads from.
   ASSIGN_OR_RETURN(const ModelConfig c, ShardConfig(config, shard.parts));
+  const int64_t shards = options.invariant_shards;
+  if (shards != 0) {
+    if ((shards != 1 && shards != 2 && shards != 4) || shards % shard.parts != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CudaModel: invariant_shards must be 0, 1, 2 or 4 and a multiple of the tensor-parallel "
+          "size ",
+          shard.parts, ", got ", shards));
+    }
+    if (shard.parts > 2 && !options.tp->SumsInFixedTree()) {
+      // Two ranks add their subtrees exactly in either order; more need an all-reduce that
+      // sums in the fixed tree (NCCL's ring order varies with the message).
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CudaModel: invariant_shards with tensor-parallel size ", shard.parts,
+          " needs a group whose all-reduce sums in a fixed tree (TpCudaModel makes one when "
+          "its model options ask for invariant_shards)"));
+    }
+    const int64_t slices = shards / shard.parts;
+    if (c.q_dim() % (8 * slices) != 0 || c.intermediate_size % (8 * slices) != 0 ||
+        c.hidden_size % 8 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("CudaModel: invariant_shards ", shards,
+                                                     " needs q_dim and intermediate_size per rank "
+                                                     "divisible by 8 x ",
+                                                     slices, " slices and hidden_size by 8 (got ",
+                                                     c.q_dim(), ", ", c.intermediate_size, ", ",
+                                                     c.hidden_size, ")"));
+    }
+  }
   RETURN_IF_ERROR(cuda_model_internal::UseDevice(options));
   std::unique_ptr<CudaModel> model(new CudaModel(c, options));
   Device& d = *model->dev_;
@@ -349,12 +376,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
     RETURN_IF_ERROR(
         UploadTensors(source, {p + "post_attention_layernorm.weight"}, bf16, &b.post_norm, wb));
     const Split rows = Split::kRows, cols = Split::kColumns;
-    RETURN_IF_ERROR(UploadTensors(
-        source, {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, bf16, &b.qkv, wb,
-        rows, shard));
     RETURN_IF_ERROR(UploadTensors(source,
-                                  {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}, bf16,
-                                  &b.qkv_bias, wb, rows, shard));
+                                  {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                                  bf16, &b.qkv, wb, rows, shard));
+    RETURN_IF_ERROR(UploadTensors(source, {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
+                                  bf16, &b.qkv_bias, wb, rows, shard));
     RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.weight"}, bf16, &b.o, wb, cols, shard));
     if (lead) RETURN_IF_ERROR(UploadTensors(source, {a + "o_proj.bias"}, f32, &b.o_bias, wb));
     RETURN_IF_ERROR(UploadTensors(source, {m + "gate_proj.weight", m + "up_proj.weight"}, bf16,
@@ -381,6 +407,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
   const int64_t rows = options.max_chunk;
   const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
   RETURN_IF_ERROR(d.x.Allocate(rows * c.hidden_size * 4));
+  if (shards / shard.parts == 4) RETURN_IF_ERROR(d.partial.Allocate(rows * c.hidden_size * 4));
   RETURN_IF_ERROR(d.h.Allocate(rows * c.hidden_size * 2));
   RETURN_IF_ERROR(d.qkv.Allocate(rows * qkv_dim * 2));
   RETURN_IF_ERROR(d.attn.Allocate(rows * c.q_dim() * 2));
@@ -403,11 +430,12 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
     const int64_t max_kv = options.max_tokens + options.max_chunk;
     size_t ws = 0;
     if (d.tuned_attention) {
-      ws = kc::DecodeAttentionWorkspaceBytes(
-          1, c.num_heads, c.head_dim, kc::PlanDecodeSplits(1, c.num_kv_heads, max_kv, d.num_sms));
+      const int64_t plan_kv = model->PlanKvHeads();
+      ws = kc::DecodeAttentionWorkspaceBytes(1, c.num_heads, c.head_dim,
+                                             kc::PlanDecodeSplits(1, plan_kv, max_kv, d.num_sms));
       for (int64_t q = 2; q <= options.max_chunk; ++q) {
         const int splits =
-            kc::PlanPrefillSplits(1, c.num_heads, c.num_kv_heads, q, max_kv, d.num_sms);
+            kc::PlanPrefillSplits(1, plan_kv * c.group_size(), plan_kv, q, max_kv, d.num_sms);
         ws = std::max(ws, kc::PrefillAttentionWorkspaceBytes(q, c.num_heads, c.head_dim, splits));
       }
     }

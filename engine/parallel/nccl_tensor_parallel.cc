@@ -32,7 +32,7 @@ bool NcclTensorParallel::Tracing() {
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<NcclTensorParallel>>> NcclTensorParallel::CreateGroup(
-    const std::vector<int>& devices) {
+    const std::vector<int>& devices, bool fixed_tree) {
   if (devices.empty()) {
     return absl::InvalidArgumentError("NcclTensorParallel: no devices");
   }
@@ -50,18 +50,21 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclTensorParallel>>> NcclTensorParal
   std::vector<std::unique_ptr<NcclTensorParallel>> group;
   auto barrier = std::make_shared<RankBarrier>(n);
   std::shared_ptr<PeerAllReduceGroup> peer;
+  // A fixed tree over more than 2 ranks needs the peer group for every message.
+  const bool tree_needs_peer = fixed_tree && n > 2;
   if (n > 1) {
-    auto made_peer = PeerAllReduceGroup::Create(devices);
+    auto made_peer =
+        PeerAllReduceGroup::Create(devices, tree_needs_peer ? kFixedTreeMaxBytes * (n - 1) : 0);
     if (made_peer.ok()) {
       peer = *std::move(made_peer);
-    } else if (!absl::IsUnavailable(made_peer.status())) {
+    } else if (!absl::IsUnavailable(made_peer.status()) || tree_needs_peer) {
       for (ncclComm_t comm : comms) ncclCommDestroy(comm);
       return made_peer.status();
     }
   }
   for (int r = 0; r < n; ++r) {
     group.push_back(std::unique_ptr<NcclTensorParallel>(
-        new NcclTensorParallel(comms[r], r, n, barrier, peer)));
+        new NcclTensorParallel(comms[r], r, n, barrier, peer, fixed_tree)));
   }
   return group;
 }
@@ -104,6 +107,11 @@ absl::Status NcclTensorParallel::AllReduce(void* data, int64_t count, int type,
   absl::MutexLock lock(&mu_);
   const int64_t bytes = count * (type == ncclFloat64 ? 8 : 4);
   const bool peer = UsesPeerMemory(bytes);
+  if (!peer && fixed_tree_ && size_ > 2) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "fixed-tree all-reduce: a message of ", bytes, " bytes exceeds the peer group's ",
+        kFixedTreeMaxBytes, " (TP-invariant numerics over ", size_, " GPUs)"));
+  }
   if (Tracing()) {
     std::fprintf(stderr, "[tp] rank %d all-reduce #%lld: %lld values (%s)\n", rank_,
                  static_cast<long long>(calls_), static_cast<long long>(count),

@@ -35,8 +35,16 @@ class NcclTensorParallel : public CudaTensorParallel {
  public:
   // One rank per entry of `devices` (distinct CUDA device ordinals, at least one), in that
   // order. InvalidArgument for an empty or repeated list; Internal naming the NCCL error.
+  // fixed_tree: every all-reduce sums in one fixed binary tree (SumsInFixedTree), for
+  // TP-invariant numerics: with more than 2 ranks every message then goes through the peer-memory
+  // group, made with room for kFixedTreeMaxBytes per message (Unavailable when the GPUs cannot
+  // reach each other's memory), and a larger message is refused with ResourceExhausted.
   static absl::StatusOr<std::vector<std::unique_ptr<NcclTensorParallel>>> CreateGroup(
-      const std::vector<int>& devices);
+      const std::vector<int>& devices, bool fixed_tree = false);
+  // The largest message of a fixed-tree group of more than 2 ranks: a 512-token chunk's residual
+  // at hidden size 8192, or the votes of 4M candidates.
+  static constexpr int64_t kFixedTreeMaxBytes = int64_t{16} << 20;
+  bool SumsInFixedTree() const override { return size_ <= 2 || fixed_tree_; }
   // Destroys the communicator; call it on the rank's thread once its work has finished.
   ~NcclTensorParallel() override;
   NcclTensorParallel(const NcclTensorParallel&) = delete;
@@ -67,10 +75,11 @@ class NcclTensorParallel : public CudaTensorParallel {
 
  private:
   NcclTensorParallel(::ncclComm* comm, int rank, int size, std::shared_ptr<RankBarrier> barrier,
-                     std::shared_ptr<PeerAllReduceGroup> peer)
+                     std::shared_ptr<PeerAllReduceGroup> peer, bool fixed_tree)
       : comm_(comm),
         rank_(rank),
         size_(size),
+        fixed_tree_(fixed_tree),
         barrier_(std::move(barrier)),
         peer_(std::move(peer)) {}
   absl::Status AllReduce(void* data, int64_t count, int type, cudaStream_t stream,
@@ -82,7 +91,8 @@ class NcclTensorParallel : public CudaTensorParallel {
   int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
   const int rank_;
   const int size_;
-  const std::shared_ptr<RankBarrier> barrier_;  // shared by the group's ranks
+  const bool fixed_tree_;
+  const std::shared_ptr<RankBarrier> barrier_;      // shared by the group's ranks
   const std::shared_ptr<PeerAllReduceGroup> peer_;  // shared; null: NCCL only
 };
 

@@ -6,7 +6,7 @@
 namespace tokenselect::engine {
 
 absl::StatusOr<std::vector<std::unique_ptr<NcclTensorParallel>>> NcclTensorParallel::CreateGroup(
-    const std::vector<int>& devices) {
+    const std::vector<int>& devices, bool fixed_tree) {
   return absl::FailedPreconditionError(absl::StrCat("tensor parallelism over ", devices.size(),
                                                     " GPUs needs NCCL, and this build has none"));
 }

@@ -103,7 +103,8 @@ absl::StatusOr<std::unique_ptr<TpCudaModel>> TpCudaModel::Build(const ModelConfi
   // One rank runs on the calling thread; more get a driver thread each.
   if (n > 1) {
     model->threads_ = std::make_unique<RankThreads>(devices);
-    ASSIGN_OR_RETURN(model->groups_, NcclTensorParallel::CreateGroup(devices));
+    ASSIGN_OR_RETURN(model->groups_,
+                     NcclTensorParallel::CreateGroup(devices, options.model.invariant_shards > 0));
   }
   model->devices_ = devices;
   model->shards_.resize(static_cast<size_t>(n));
@@ -155,7 +156,12 @@ absl::Status TpCudaModel::WarmUp() {
     RETURN_IF_ERROR(CudaStatus(cudaMalloc(&buffer, kMaxFloats * 4), "cudaMalloc"));
     absl::Status status =
         CudaStatus(cudaMemsetAsync(buffer, 0, kMaxFloats * 4, shard->stream()), "memset");
-    for (int64_t count = 256; count <= kMaxFloats && status.ok(); count *= 4) {
+    // A fixed-tree group of more than 2 ranks takes messages up to its peer group's size only.
+    const NcclTensorParallel& group = *groups_[rank];
+    const int64_t max_floats = group.size() > 2 && group.SumsInFixedTree()
+                                   ? NcclTensorParallel::kFixedTreeMaxBytes / 4
+                                   : kMaxFloats;
+    for (int64_t count = 256; count <= max_floats && status.ok(); count *= 4) {
       status = groups_[rank]->AllReduceSum(static_cast<float*>(buffer), count, shard->stream());
     }
     if (status.ok()) {

@@ -68,6 +68,7 @@ struct CudaSelectionAttention::Device {
   float* head_inv_sum = nullptr;       // [H]
   float* vote = nullptr;               // [max_candidates]
   void* score_workspace = nullptr;
+  void* stats_workspace = nullptr;  // TP-invariant numerics: HeadSoftmaxStats'
   void* topk_workspace = nullptr;
   int32_t* prefill_picks = nullptr;    // [k]
   // Per layer: the selection-cache entry and its picks, the hit flag, hit/miss counters.
@@ -97,17 +98,31 @@ struct CudaSelectionAttention::Device {
 };
 
 CudaSelectionAttention::CudaSelectionAttention(const SelectionOptions& options,
-                                               const ModelConfig& config, int tp_size)
-    : options_(options), config_(config), tp_size_(tp_size), dev_(std::make_unique<Device>()) {}
+                                               const ModelConfig& config, int tp_size,
+                                               int invariant_shards)
+    : options_(options),
+      config_(config),
+      tp_size_(tp_size),
+      invariant_shards_(invariant_shards),
+      dev_(std::make_unique<Device>()) {}
 CudaSelectionAttention::~CudaSelectionAttention() = default;
 
 absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::Create(
-    const SelectionOptions& options, const ModelConfig& config, int64_t max_tokens,
-    int64_t max_new, int tp_size) {
+    const SelectionOptions& options, const ModelConfig& config, int64_t max_tokens, int64_t max_new,
+    int tp_size, int invariant_shards) {
   RETURN_IF_ERROR(ValidateSelectionOptions(options));
   if (tp_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("GPU selection: tensor-parallel size must be >= 1, got ", tp_size));
+  }
+  if (invariant_shards != 0 &&
+      ((invariant_shards != 1 && invariant_shards != 2 && invariant_shards != 4) ||
+       invariant_shards % tp_size != 0 ||
+       config.num_kv_heads % (invariant_shards / tp_size) != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU selection: invariant_shards must be 0, 1, 2 or 4, a multiple of the tensor-parallel "
+        "size ",
+        tp_size, " dividing the KV heads; got ", invariant_shards));
   }
   switch (options.policy) {
     case SelectionPolicyKind::kTokenSelect:
@@ -137,7 +152,7 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     return absl::InvalidArgumentError("GPU selection: max_tokens and max_new must be >= 1");
   }
   std::unique_ptr<CudaSelectionAttention> s(
-      new CudaSelectionAttention(options, config, tp_size));
+      new CudaSelectionAttention(options, config, tp_size, invariant_shards));
   Device& d = *s->dev_;
   const int64_t heads = config.num_heads, row = config.num_heads * config.head_dim;
   const int64_t layers = config.num_layers;
@@ -169,6 +184,11 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     char* ws = nullptr;
     RETURN_IF_ERROR(d.arena.Get(static_cast<int64_t>(kc::ScoreKeysWorkspaceBytes(heads)), &ws));
     d.score_workspace = ws;
+    if (invariant_shards > 0) {
+      RETURN_IF_ERROR(d.arena.Get(
+          static_cast<int64_t>(kc::HeadSoftmaxStatsWorkspaceBytes(d.max_candidates, heads)), &ws));
+      d.stats_workspace = ws;
+    }
     RETURN_IF_ERROR(
         d.arena.Get(static_cast<int64_t>(kc::TopKWorkspaceBytes(d.max_candidates)), &ws));
     d.topk_workspace = ws;
@@ -305,6 +325,21 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       sp.scale = o.scale;
       sp.skip = skip;
       RETURN_IF_ERROR(CudaStatus(kc::ScoreKeys(sp, s), "ScoreKeys"));
+      const bool soft_vote = o.policy != SelectionPolicyKind::kTopK;
+      if (invariant_shards_ > 0 && soft_vote) {
+        // ScoreKeys' sums of exponentials follow its grid, which follows this rank's head
+        // count: recompute them in an order fixed by n alone.
+        kc::HeadStatsParams hp;
+        hp.head_max = d.head_max;
+        hp.head_inv_sum = d.head_inv_sum;
+        hp.logits = d.logits;
+        hp.workspace = d.stats_workspace;
+        hp.n = candidates;
+        hp.device_n = device_candidates;
+        hp.num_heads = c.num_heads;
+        hp.skip = skip;
+        RETURN_IF_ERROR(CudaStatus(kc::HeadSoftmaxStats(hp, s), "HeadSoftmaxStats"));
+      }
       kc::VoteParams vp;
       vp.vote = d.vote;
       vp.logits = d.logits;
@@ -313,8 +348,7 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       vp.n = candidates;
       vp.device_n = device_candidates;
       vp.num_heads = c.num_heads;
-      vp.mode = o.policy == SelectionPolicyKind::kTopK ? kc::VoteMode::kSumLogits
-                                                       : kc::VoteMode::kSoftVote;
+      vp.mode = soft_vote ? kc::VoteMode::kSoftVote : kc::VoteMode::kSumLogits;
       vp.skip = skip;
       RETURN_IF_ERROR(CudaStatus(kc::VoteFromLogits(vp, s), "VoteFromLogits"));
       // Votes (and summed logits) are sums over heads: add the other ranks' heads. On a cache
@@ -438,10 +472,11 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
   qp.problem.n_local = o.n_local;
   qp.page_size = page;
   qp.workspace = d.quest_workspace;
-  if (IsSharded(query.tp)) {
+  qp.head_parts = invariant_shards_ > 0 ? invariant_shards_ / tp_size_ : 1;
+  if (IsSharded(query.tp) || qp.head_parts > 1) {
     // A page's bound sums over heads: each rank scores with its heads, the ranks add up.
     RETURN_IF_ERROR(CudaStatus(kc::QuestScorePages(qp, s), "QuestScorePages"));
-    if (o.k > 0) {
+    if (o.k > 0 && IsSharded(query.tp)) {
       RETURN_IF_ERROR(
           query.tp->AllReduceSum(d.page_scores, kc::QuestNumPages(qp.problem, page), s));
     }

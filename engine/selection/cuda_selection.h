@@ -60,10 +60,13 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   // a tp_size-way tensor-parallel group (config: the rank's shard). InvalidArgument for invalid
   // options (ValidateSelectionOptions) or tp_size < 1, Unimplemented for a policy without a GPU
   // provider, ResourceExhausted when device memory runs out. Select refuses (FailedPrecondition)
-  // a query whose group size is not tp_size.
+  // a query whose group size is not tp_size. invariant_shards (CudaModelOptions): 0, or S in
+  // {1, 2, 4}, a multiple of tp_size: selections that do not depend on the tensor-parallel size
+  // (softmax statistics in a fixed order, Quest's page scores summed over S head groups in a
+  // fixed tree); the model's own invariant_shards.
   static absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> Create(
       const SelectionOptions& options, const ModelConfig& config, int64_t max_tokens,
-      int64_t max_new, int tp_size = 1);
+      int64_t max_new, int tp_size = 1, int invariant_shards = 0);
   ~CudaSelectionAttention() override;
   CudaSelectionAttention(const CudaSelectionAttention&) = delete;
   CudaSelectionAttention& operator=(const CudaSelectionAttention&) = delete;
@@ -90,7 +93,8 @@ class CudaSelectionAttention : public CudaAttentionProvider {
 
  private:
   struct Device;
-  CudaSelectionAttention(const SelectionOptions& options, const ModelConfig& config, int tp_size);
+  CudaSelectionAttention(const SelectionOptions& options, const ModelConfig& config, int tp_size,
+                         int invariant_shards);
   // Quest's selection into the provider's list buffers (indptr, indices, positions, q
   // positions, visibility).
   absl::Status SelectQuest(const CudaAttentionQuery& query);
@@ -100,6 +104,7 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   const SelectionOptions options_;
   const ModelConfig config_;
   const int tp_size_;
+  const int invariant_shards_;
   std::unique_ptr<Device> dev_;
   SelectionStats stats_;
 };

@@ -116,9 +116,9 @@ class RankProviders {
   RankProviders(TpCudaModel* model, const SelectionOptions& options) : model_(model) {
     recorders_.resize(static_cast<size_t>(model->size()));
     const absl::Status made = model->RunOnRanks([&](int rank, CudaModel* shard) -> absl::Status {
-      ASSIGN_OR_RETURN(auto inner,
-                       CudaSelectionAttention::Create(options, shard->config(), kMaxTokens, kChunk,
-                                                      model->size()));
+      ASSIGN_OR_RETURN(auto inner, CudaSelectionAttention::Create(
+                                       options, shard->config(), kMaxTokens, kChunk, model->size(),
+                                       shard->options().invariant_shards));
       recorders_[rank] = std::make_unique<ListRecorder>(std::move(inner));
       return absl::OkStatus();
     });
@@ -166,13 +166,17 @@ class RankProviders {
   std::vector<CudaAttentionProvider*> ptrs_;
 };
 
+// invariant: both models with TP-invariant numerics for S = tp (CudaModelOptions::
+// invariant_shards), where TP must give one GPU's logits bit for bit.
 struct TpCase {
   std::string model;
   int tp;
+  bool invariant = false;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<TpCase>& info) {
-  std::string name = info.param.model + "_tp" + std::to_string(info.param.tp);
+  std::string name = info.param.model + "_tp" + std::to_string(info.param.tp) +
+                     (info.param.invariant ? "_invariant" : "");
   std::replace(name.begin(), name.end(), '-', '_');
   return name;
 }
@@ -206,9 +210,19 @@ class TpModelTest : public ::testing::TestWithParam<TpCase> {
     options.model.max_chunk = kChunk;
     options.model.max_batch = 8;
     options.model.use_graphs = graphs;
+    options.model.invariant_shards = Shards();
     auto model = TpCudaModel::Create(config_, *weights_, options);
     EXPECT_TRUE(model.ok()) << model.status();
     return model.ok() ? std::move(*model) : nullptr;
+  }
+
+  int Shards() const { return GetParam().invariant ? GetParam().tp : 0; }
+
+  // With TP-invariant numerics TP's logits are one GPU's, bit for bit.
+  void ExpectInvariance(const std::vector<float>& tp, const std::vector<float>& one,
+                        const char* what) {
+    if (!GetParam().invariant) return;
+    EXPECT_TRUE(tp == one) << what << ": TP-invariant logits differ from one GPU's";
   }
 
   // The policy the batch and graph tests run: TokenSelect (votes all-reduced, the selection
@@ -266,6 +280,7 @@ TEST_P(TpModelTest, LogitsMatchOneGpu) {
       worst_prefill =
           std::max(worst_prefill, gpu_test::RelativeL2(ln.data(), l1.data(), l1.size()));
       ExpectRanksAgree(*tp_, ln);
+      ExpectInvariance(ln, l1, "prefill");
       for (int step = 0; step < 8; ++step) {
         auto next = one_->GreedyToken();
         ASSERT_TRUE(next.ok());
@@ -275,6 +290,7 @@ TEST_P(TpModelTest, LogitsMatchOneGpu) {
         worst_decode =
             std::max(worst_decode, gpu_test::RelativeL2(ln.data(), l1.data(), l1.size()));
         ExpectRanksAgree(*tp_, ln);
+        ExpectInvariance(ln, l1, "decode");
       }
       EXPECT_EQ(pn.RankMismatches(), 0) << PolicyName(policy) << " n=" << n;
     }
@@ -354,6 +370,10 @@ TEST_P(TpModelTest, GreedyContinuationsMatchOneGpuAndRanksSelectAlike) {
       const Run got = generate(tp_.get(), &pn, prompt);
       for (const auto& l : want.logits) gaps.push_back(top_gap(l));
       ++total;
+      if (GetParam().invariant) {
+        EXPECT_TRUE(got.logits == want.logits)
+            << PolicyName(policy) << ", prompt " << i << ": TP-invariant logits differ";
+      }
       if (got.tokens == want.tokens) {
         ++same;
       } else {
@@ -390,7 +410,8 @@ TEST_P(TpModelTest, GreedyContinuationsMatchOneGpuAndRanksSelectAlike) {
                   gaps.empty() ? 0.0f : gaps[gaps.size() / 2]);
     }
     EXPECT_EQ(mismatched_lists, 0) << PolicyName(policy);
-    EXPECT_GE(same, 19) << PolicyName(policy) << ": identical on " << same << " of " << total;
+    EXPECT_GE(same, GetParam().invariant ? total : 19)
+        << PolicyName(policy) << ": identical on " << same << " of " << total;
     std::printf(
         "%s TP=%d %s: identical greedy continuations on %d of %d prompts; attention "
         "lists differing between ranks: %lld of %lld; selection cache %lld hits of %lld "
@@ -448,6 +469,7 @@ TEST_P(TpModelTest, DecodeBatchMatchesOneGpu) {
     ASSERT_EQ(l1.size(), ln.size());
     worst = std::max(worst, gpu_test::RelativeL2(ln.data(), l1.data(), l1.size()));
     ExpectRanksAgree(*tp_, ln);
+    ExpectInvariance(ln, l1, "DecodeBatch");
     auto ids = one_->GreedyTokens();
     ASSERT_TRUE(ids.ok());
     next = *ids;
@@ -502,6 +524,7 @@ TEST_P(TpModelTest, GraphsMatchEagerAndOneRankIsThePlainModel) {
   plain_options.max_tokens = kMaxTokens;
   plain_options.max_chunk = kChunk;
   plain_options.max_batch = 8;
+  plain_options.invariant_shards = Shards();
   TS_CUDA_CHECK(cudaSetDevice(0));
   auto plain = CudaModel::Create(config_, *weights_, plain_options);
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -605,8 +628,12 @@ TEST_P(TpModelTest, KvMovesBetweenTpSizesThroughTheBackend) {
 }
 
 std::vector<TpCase> Cases() {
-  return {{"llama-gqa", 2},       {"llama-gqa-bias", 2}, {"qwen2-bias", 2},     {"llama3-rope", 2},
-          {"llama3-rope-kv4", 2}, {"qwen2-bias", 4},     {"llama3-rope-kv4", 4}};
+  std::vector<TpCase> out = {{"llama-gqa", 2},      {"llama-gqa-bias", 2},  {"qwen2-bias", 2},
+                             {"llama3-rope", 2},    {"llama3-rope-kv4", 2}, {"qwen2-bias", 4},
+                             {"llama3-rope-kv4", 4}};
+  const size_t plain = out.size();
+  for (size_t i = 0; i < plain; ++i) out.push_back({out[i].model, out[i].tp, true});
+  return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TpModelTest, ::testing::ValuesIn(Cases()), CaseName);

@@ -53,6 +53,15 @@ TEST(WorkerBackendOptionsTest, NamesTheBadFlag) {
   ExpectInvalid(o, "--tp");
   o.device = "cuda";
   EXPECT_TRUE(ValidateWorkerBackendOptions(o).ok());
+  o.tp_invariant = 3;  // not a supported tree
+  ExpectInvalid(o, "--tp_invariant");
+  o.tp_invariant = 1;  // not a multiple of --tp 2
+  ExpectInvalid(o, "--tp_invariant");
+  o.tp_invariant = 4;
+  EXPECT_TRUE(ValidateWorkerBackendOptions(o).ok());
+  o.device = "cpu";
+  o.tp = 1;
+  ExpectInvalid(o, "--tp_invariant");  // a GPU option
 }
 
 // With --tp the workers plan one rank's shard per GPU: at TP=2 on two H200s the KV slots per
