@@ -108,12 +108,25 @@ struct GemmRunner::Impl {
     TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->d, out_type, n, m, p.n));
     if (p.plan_n > 0) return InvariantAlgo(p, out_type, plan);
 
+    return BestAlgo(plan->desc, plan->a, plan->b, plan->d, align, 0, &plan->algo);
+  }
+
+  // The heuristic's best algorithm for desc on layouts a, b, d (also C) with operands aligned to
+  // `align` bytes and, when reduction_mask != 0, only the split-K reductions it allows.
+  cublasStatus_t BestAlgo(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                          cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, int align,
+                          uint32_t reduction_mask, cublasLtMatmulAlgo_t* algo) {
     cublasLtMatmulPreference_t pref = nullptr;
     TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws_bytes = kWorkspaceBytes;
     const uint32_t align_bytes = static_cast<uint32_t>(align);
     cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+    if (status == CUBLAS_STATUS_SUCCESS && reduction_mask != 0) {
+      status = cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
+          sizeof(reduction_mask));
+    }
     for (cublasLtMatmulPreferenceAttributes_t attr :
          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
@@ -125,30 +138,22 @@ struct GemmRunner::Impl {
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     if (status == CUBLAS_STATUS_SUCCESS) {
-      status = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d,
-                                              plan->d, pref, 1, &result, &found);
+      status = cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, 1, &result, &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
     if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-    plan->algo = result.algo;
+    *algo = result.algo;
     return CUBLAS_STATUS_SUCCESS;
   }
 
-  // LinearParams::plan_n: the heuristic's best algorithm without a split-K reduction for the
+  // LinearParams::plan_n: the heuristic's best algorithm (split-K only as allowed below) for the
   // canonical problem (n = plan_n, contiguous operands, kInvariantAlignment), checked against
   // the real layouts. Never another algorithm: a fallback would break the invariance silently.
   cublasStatus_t InvariantAlgo(const LinearParams& p, cudaDataType_t out_type, Plan* plan) {
     const auto k = static_cast<uint64_t>(p.k), m = static_cast<uint64_t>(p.m),
                n = static_cast<uint64_t>(p.plan_n);
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-    cublasLtMatmulPreference_t pref = nullptr;
-    auto release = [&] {
-      if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-      if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
-      if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
-      if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
-    };
     cublasStatus_t status = cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, p.k);
     if (status == CUBLAS_STATUS_SUCCESS) {
       status = cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, m, p.k);
@@ -156,9 +161,6 @@ struct GemmRunner::Impl {
     if (status == CUBLAS_STATUS_SUCCESS) {
       status = cublasLtMatrixLayoutCreate(&d, out_type, n, m, p.plan_n);
     }
-    if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatmulPreferenceCreate(&pref);
-    const uint64_t ws_bytes = kWorkspaceBytes;
-    const uint32_t align_bytes = kInvariantAlignment;
     // fp32 outputs (the row-parallel k-slices, accumulating or not): no split-K, since a
     // split-K reduction may add beta * C before the splits' partial sums, so the accumulating
     // and the overwriting GEMM of a leaf would differ. bf16 outputs (column-parallel, never
@@ -169,36 +171,19 @@ struct GemmRunner::Impl {
             ? static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE)
             : static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE) |
                   static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+    cublasLtMatmulAlgo_t algo{};
     if (status == CUBLAS_STATUS_SUCCESS) {
-      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                    &ws_bytes, sizeof(ws_bytes));
+      status = BestAlgo(plan->desc, a, b, d, kInvariantAlignment, reduction, &algo);
     }
-    if (status == CUBLAS_STATUS_SUCCESS) {
-      status = cublasLtMatmulPreferenceSetAttribute(
-          pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction));
-    }
-    for (cublasLtMatmulPreferenceAttributes_t attr :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-      if (status == CUBLAS_STATUS_SUCCESS) {
-        status =
-            cublasLtMatmulPreferenceSetAttribute(pref, attr, &align_bytes, sizeof(align_bytes));
-      }
-    }
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    if (status == CUBLAS_STATUS_SUCCESS) {
-      status =
-          cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, a, b, d, d, pref, 1, &result, &found);
-    }
-    release();
+    if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
-    if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
     cublasLtMatmulHeuristicResult_t checked{};
     TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoCheck(handle, plan->desc, plan->a, plan->b, plan->d,
-                                                      plan->d, &result.algo, &checked));
+                                                      plan->d, &algo, &checked));
     if (checked.workspaceSize > kWorkspaceBytes) return CUBLAS_STATUS_NOT_SUPPORTED;
-    plan->algo = result.algo;
+    plan->algo = algo;
     return CUBLAS_STATUS_SUCCESS;
   }
 };

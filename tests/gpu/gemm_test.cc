@@ -29,24 +29,41 @@ struct GemmCase {
 
 class GemmGpuTest : public ::testing::TestWithParam<GemmCase> {};
 
+// Fresh random x [m, k], W [n, k] (scaled by 1 / sqrt(k)), bias [n] and a starting y [m, n]:
+// x and W rounded to bf16 (their bits kept for upload), the bias kept in fp32 and in bf16.
+struct RandomGemmInputs {
+  RandomGemmInputs(int64_t m, int64_t k, int64_t n)
+      : x(static_cast<size_t>(m * k)),
+        w(static_cast<size_t>(n * k)),
+        bias(static_cast<size_t>(n)),
+        init(static_cast<size_t>(m * n)) {
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& v : x) v = normal(rng);
+    for (float& v : w) v = normal(rng) / std::sqrt(static_cast<float>(k));
+    for (float& v : bias) v = normal(rng);
+    for (float& v : init) v = normal(rng);
+    x_bits = gpu_test::RoundToBf16(&x);
+    w_bits = gpu_test::RoundToBf16(&w);
+    bias_bf16 = bias;
+    bias_bits = gpu_test::RoundToBf16(&bias_bf16);
+  }
+  std::vector<float> x, w, bias, init, bias_bf16;
+  std::vector<uint16_t> x_bits, w_bits, bias_bits;
+};
+
 TEST_P(GemmGpuTest, MatchesCpuLinear) {
   const GemmCase c = GetParam();
-  std::mt19937 rng(std::random_device{}());
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(c.m * c.k)), w(static_cast<size_t>(c.n * c.k));
-  std::vector<float> bias(static_cast<size_t>(c.n)), init(static_cast<size_t>(c.m * c.n));
-  for (float& v : x) v = normal(rng);
-  for (float& v : w) v = normal(rng) / std::sqrt(static_cast<float>(c.k));
-  for (float& v : bias) v = normal(rng);
-  for (float& v : init) v = normal(rng);
-  const auto x_bits = gpu_test::RoundToBf16(&x);
-  const auto w_bits = gpu_test::RoundToBf16(&w);
-  std::vector<float> bias_bf16 = bias;
-  const auto bias_bits = gpu_test::RoundToBf16(&bias_bf16);
+  RandomGemmInputs in(c.m, c.k, c.n);
+  const std::vector<float>& x = in.x;
+  const std::vector<float>& w = in.w;
+  const std::vector<float>& bias = in.bias;
+  const std::vector<float>& init = in.init;
+  const std::vector<float>& bias_bf16 = in.bias_bf16;
+  DeviceBuffer<uint16_t> d_x(in.x_bits), d_w(in.w_bits), d_bias_bf16(in.bias_bits);
 
   std::unique_ptr<GemmRunner> runner;
   ASSERT_EQ(GemmRunner::Create(&runner), cudaSuccess);
-  DeviceBuffer<uint16_t> d_x(x_bits), d_w(w_bits), d_bias_bf16(bias_bits);
   DeviceBuffer<float> d_bias_f32(bias), d_y32(init.size());
   DeviceBuffer<uint16_t> d_y16(init.size());
 
@@ -119,21 +136,14 @@ class GemmInvariantTest : public ::testing::TestWithParam<InvariantCase> {};
 
 TEST_P(GemmInvariantTest, ShardsAndSlicesGetTheWholeGemmsBits) {
   const InvariantCase c = GetParam();
-  std::mt19937 rng(std::random_device{}());
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(c.m * c.k)), w(static_cast<size_t>(c.n * c.k));
-  std::vector<float> bias(static_cast<size_t>(c.n)), init(static_cast<size_t>(c.m * c.n));
-  for (float& v : x) v = normal(rng);
-  for (float& v : w) v = normal(rng) / std::sqrt(static_cast<float>(c.k));
-  for (float& v : bias) v = normal(rng);
-  for (float& v : init) v = normal(rng);
-  const auto x_bits = gpu_test::RoundToBf16(&x);
-  const auto w_bits = gpu_test::RoundToBf16(&w);
-  const auto bias_bits = gpu_test::RoundToBf16(&bias);
+  RandomGemmInputs in(c.m, c.k, c.n);
+  const std::vector<float>& init = in.init;
+  const std::vector<uint16_t>& x_bits = in.x_bits;
+  const std::vector<uint16_t>& w_bits = in.w_bits;
   std::unique_ptr<GemmRunner> runner;
   ASSERT_EQ(GemmRunner::Create(&runner), cudaSuccess);
-  DeviceBuffer<uint16_t> d_x(x_bits), d_w(w_bits), d_bias16(bias_bits);
-  DeviceBuffer<float> d_bias32(bias);
+  DeviceBuffer<uint16_t> d_x(x_bits), d_w(w_bits), d_bias16(in.bias_bits);
+  DeviceBuffer<float> d_bias32(in.bias);
   auto as_bf16 = [](const DeviceBuffer<uint16_t>& b, int64_t offset) {
     return reinterpret_cast<const __nv_bfloat16*>(b.get()) + offset;
   };
