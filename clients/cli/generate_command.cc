@@ -76,7 +76,7 @@ ABSL_FLAG(int32_t, tp, 1,
           "generate: with --device cuda, tensor-parallel size: the model sharded by heads over "
           "GPUs 0 .. tp - 1.");
 ABSL_FLAG(int32_t, tp_invariant, 0,
-          "generate: with --device cuda, TP-invariant numerics for --tp sizes dividing this value "
+          "generate, serve: with --device cuda, TP-invariant numerics for --tp sizes dividing this value "
           "(0 off, "
           "1, 2 or 4): the same tokens, bit for bit the same logits, on 1, 2 or 4 GPUs "
           "(docs/parallel.md)");

@@ -55,6 +55,7 @@ ABSL_DECLARE_FLAG(std::string, load_format);
 ABSL_DECLARE_FLAG(int64_t, page_size);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int32_t, tp);
+ABSL_DECLARE_FLAG(int32_t, tp_invariant);
 ABSL_DECLARE_FLAG(std::string, tls_cert);
 ABSL_DECLARE_FLAG(std::string, tls_key);
 ABSL_DECLARE_FLAG(std::string, tls_ca);
@@ -106,6 +107,7 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   backend.gpu = absl::GetFlag(FLAGS_gpu);
   backend.kv_pages = absl::GetFlag(FLAGS_kv_pages);
   backend.page_size = absl::GetFlag(FLAGS_page_size);
+  backend.tp_invariant = absl::GetFlag(FLAGS_tp_invariant);
   RETURN_IF_ERROR(engine::ValidateWorkerBackendOptions(backend));
   if (absl::GetFlag(FLAGS_tp) != 1) {
     return absl::InvalidArgumentError(

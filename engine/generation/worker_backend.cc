@@ -59,12 +59,17 @@ class CudaWorker : public WorkerBackend {
       absl::StrAppend(&gpus, "-", tp.device(tp.size() - 1), " (tensor parallel, ", tp.size(),
                       " ranks)");
     }
-    return absl::StrFormat(
+    std::string line = absl::StrFormat(
         "%s, %d KV token slots (%d pages of %d; %s, %.2f GiB per GPU), weights %.2f GiB per "
         "GPU, steps of up to %d tokens, decode batches of up to %d",
         gpus, m.num_slots(), m.num_pages(), m.options().page_size, KvCacheDTypeName(m.kv_dtype()),
         static_cast<double>(m.kv_bytes()) / kGiB, static_cast<double>(m.weight_bytes()) / kGiB,
         m.options().max_chunk, m.options().max_batch);
+    if (m.options().invariant_shards > 0) {
+      absl::StrAppend(&line, ", TP-invariant numerics for --tp dividing ",
+                      m.options().invariant_shards);
+    }
+    return line;
   }
 
  private:

@@ -15,10 +15,12 @@ against all-in-one (host transport), printed as a table.
 
 With --prefill_tp / --decode_tp the workers run tensor parallel (prefill on GPUs 0 .. P-1, decode
 on P .. P+D-1) and the K/V goes through the host transport (every KV head in the wire rows,
-sliced per rank on both sides).
+sliced per rank on both sides). --tp_invariant S gives the all-in-one server and both workers
+TP-invariant numerics (docs/parallel.md): then every continuation must match all-in-one.
 
 usage: disaggregated_test.py --bin DIR --work DIR [--long N] [--bench] [--bench_tokens N]
                              [--prefill_tp P] [--decode_tp D] [--transport host|nccl]
+                             [--tp_invariant S]
 Exit status 0 when every check holds; the log lines say what was measured.
 """
 import argparse
@@ -189,6 +191,8 @@ def correctness(a, cli, client):
     prompts = [[rng.randrange(5, 2000) for _ in range(n)] for n in lengths if n <= a.long]
     kv = ["--kv_pages", "20480"]  # 327680 token slots per worker
 
+    if a.tp_invariant:
+        kv += ["--tp_invariant", str(a.tp_invariant)]
     aio = Proc("all_in_one", [cli, "serve", "--all-in-one", "--model", model, "--device", a.device,
                               "--gpu", "0", "--port", "56001"] + kv, a.work)
     check(wait_serving(cli, 56001), "all-in-one server up")
@@ -211,7 +215,8 @@ def correctness(a, cli, client):
               flush=True)
     # Tensor parallelism sums in another order than one GPU (bf16 roundings), so a sharded
     # worker may differ from all-in-one on a rare prompt; one GPU each must match exactly.
-    need = len(prompts) if a.prefill_tp == 1 and a.decode_tp == 1 else len(prompts) - 1
+    one_gpu_each = a.prefill_tp == 1 and a.decode_tp == 1
+    need = len(prompts) if one_gpu_each or a.tp_invariant else len(prompts) - 1
     check(same >= need, "identical greedy continuations on %d of %d prompts (prefill TP=%d, "
           "decode TP=%d; %d needed)" % (same, len(prompts), a.prefill_tp, a.decode_tp, need))
     xfer = metric(c.ports["pmetrics"], 'tokenselect_kv_transfer_bytes_total{transport="%s"}' % c.transport)
@@ -301,6 +306,9 @@ def main():
     ap.add_argument("--prefill_tp", type=int, default=1,
                     help="prefill worker's --tp (GPUs 0 .. N-1); the decode worker follows")
     ap.add_argument("--decode_tp", type=int, default=1, help="decode worker's --tp")
+    ap.add_argument("--tp_invariant", type=int, default=0,
+                    help="--tp_invariant of the all-in-one server and both workers (0: off); "
+                         "then every continuation must be identical whatever the TP sizes")
     ap.add_argument("--decode_gpu", type=int, default=-1,
                     help="decode worker's first GPU (default: right after the prefill worker's)")
     ap.add_argument("--transport", default="",
