@@ -161,16 +161,12 @@ struct GemmRunner::Impl {
     if (status == CUBLAS_STATUS_SUCCESS) {
       status = cublasLtMatrixLayoutCreate(&d, out_type, n, m, p.plan_n);
     }
-    // fp32 outputs (the row-parallel k-slices, accumulating or not): no split-K, since a
-    // split-K reduction may add beta * C before the splits' partial sums, so the accumulating
-    // and the overwriting GEMM of a leaf would differ. bf16 outputs (column-parallel, never
-    // accumulating) may split k with a reduction in fp32 workspace (fixed by the algorithm,
-    // not by n), which skinny decode GEMMs need to fill the GPU; never in place in the output.
-    const uint32_t reduction =
-        p.out == GemmOutput::kFp32
-            ? static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE)
-            : static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE) |
-                  static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+    // Split-K only with the splits reduced in fp32 workspace (their sum fixed by the algorithm,
+    // not by n; beta * C added once to that sum, as the tree adds a leaf), which skinny decode
+    // GEMMs need to fill the GPU; never in place in the output, where beta * C may join the
+    // splits' partial sums.
+    const uint32_t reduction = static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE) |
+                               static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
     cublasLtMatmulAlgo_t algo{};
     if (status == CUBLAS_STATUS_SUCCESS) {
       status = BestAlgo(plan->desc, a, b, d, kInvariantAlignment, reduction, &algo);

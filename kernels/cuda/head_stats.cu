@@ -5,8 +5,8 @@
 // its grid and lane mapping, which depend on the rank's number of KV heads: a head's max is
 // exact in any order, its sum of exponentials is not, so one GPU and a tensor-parallel rank
 // would vote from sums that differ in the last bits. Here a head's statistics depend on that
-// head's logits and n only. ChunkStatsKernel: blocks of kChunk tokens, each of the 8 warps a
-// contiguous eighth of them, lane l heads l, l + 32, ... (a warp reads whole logit rows,
+// head's logits and n only. ChunkStatsKernel: blocks of kChunk = 512 tokens (short per-warp
+// chains: the loop is latency-bound), each of the 8 warps a contiguous eighth of them, lane l heads l, l + 32, ... (a warp reads whole logit rows,
 // coalesced), an online max and sum per (warp, head) in token order; the warps' pairs meet in
 // warp order. FinishStatsKernel: a warp per head, lane l the blocks l, l + 32, ... in order,
 // then an xor butterfly (the pairwise combine is symmetric, so every lane ends with the same
@@ -23,10 +23,11 @@
 namespace tokenselect::kernels::cuda {
 namespace {
 
-constexpr int kChunk = 2048;
+constexpr int kChunk = 512;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxHeads = 512;  // shared memory: kWarps x heads pairs
+constexpr int kUnroll = 8;      // a warp's 64 tokens: 8 rounds of 8 loads in flight
 
 struct Stats {
   float max, sum;
@@ -63,12 +64,12 @@ __global__ void ChunkStatsKernel(HeadStatsParams p, float2* __restrict__ partial
   for (int h = lane; h < heads; h += 32) {
     Stats s{-INFINITY, 0.0f};
     int64_t j = w_begin;
-    for (; j + 4 <= w_end; j += 4) {  // four loads in flight, applied in token order
-      float v[4];
+    for (; j + kUnroll <= w_end; j += kUnroll) {  // loads in flight, applied in token order
+      float v[kUnroll];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) v[u] = p.logits[(j + u) * heads + h];
+      for (int u = 0; u < kUnroll; ++u) v[u] = p.logits[(j + u) * heads + h];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) Update(&s, v[u]);
+      for (int u = 0; u < kUnroll; ++u) Update(&s, v[u]);
     }
     for (; j < w_end; ++j) Update(&s, p.logits[j * heads + h]);
     sm[warp * kMaxHeads + h] = {s.max, s.sum};
