@@ -175,11 +175,12 @@ struct TpCase {
   std::string model;
   int tp;
   bool invariant = false;
+  bool fp8 = false;  // both models with an FP8 (e4m3) KV cache
 };
 
 std::string CaseName(const ::testing::TestParamInfo<TpCase>& info) {
   std::string name = info.param.model + "_tp" + std::to_string(info.param.tp) +
-                     (info.param.invariant ? "_invariant" : "");
+                     (info.param.invariant ? "_invariant" : "") + (info.param.fp8 ? "_fp8" : "");
   std::replace(name.begin(), name.end(), '-', '_');
   return name;
 }
@@ -214,12 +215,16 @@ class TpModelTest : public ::testing::TestWithParam<TpCase> {
     options.model.max_batch = 8;
     options.model.use_graphs = graphs;
     options.model.invariant_shards = Shards();
+    options.model.kv_dtype = KvDtype();
     auto model = TpCudaModel::Create(config_, *weights_, options);
     EXPECT_TRUE(model.ok()) << model.status();
     return model.ok() ? std::move(*model) : nullptr;
   }
 
   int Shards() const { return GetParam().invariant ? GetParam().tp : 0; }
+  KvCacheDType KvDtype() const {
+    return GetParam().fp8 ? KvCacheDType::kFP8E4M3 : KvCacheDType::kBF16;
+  }
 
   // With TP-invariant numerics TP's logits are one GPU's, bit for bit.
   void ExpectInvariance(const std::vector<float>& tp, const std::vector<float>& one,
@@ -528,6 +533,7 @@ TEST_P(TpModelTest, GraphsMatchEagerAndOneRankIsThePlainModel) {
   plain_options.max_chunk = kChunk;
   plain_options.max_batch = 8;
   plain_options.invariant_shards = Shards();
+  plain_options.kv_dtype = KvDtype();
   TS_CUDA_CHECK(cudaSetDevice(0));
   auto plain = CudaModel::Create(config_, *weights_, plain_options);
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -636,6 +642,7 @@ std::vector<TpCase> Cases() {
                              {"llama3-rope-kv4", 4}};
   const size_t plain = out.size();
   for (size_t i = 0; i < plain; ++i) out.push_back({out[i].model, out[i].tp, true});
+  out.push_back({"llama3-rope", 2, true, true});  // TP-invariant with an FP8 KV cache
   return out;
 }
 
