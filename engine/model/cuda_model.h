@@ -85,9 +85,10 @@ struct CudaModelOptions {
   // (o_proj, down_proj) sum S k-slices in a fixed binary tree (T = 1 runs S GEMMs per layer, T
   // = S one per rank and the all-reduce adds the tree's top), the column-parallel GEMMs run the
   // algorithm chosen for the whole model's shape (kernels/cuda/gemm.h plan_n), and the
-  // attention kernels split their lists as for the whole model's heads. Selection providers
-  // need SelectionOptions::tp_invariant too. Costs S - 1 more GEMM launches per row-parallel
-  // GEMM at T = 1.
+  // attention kernels split their lists as a shard of S would (PlanKvHeads). Selection
+  // providers need the same S (CudaSelectionAttention::Create's invariant_shards; CudaBackend
+  // passes it). Over more than 2 GPUs the group must sum in a fixed tree (TpCudaModel makes
+  // one). Costs S - 1 more GEMM launches per row-parallel GEMM at T = 1 (docs/parallel.md).
   int invariant_shards = 0;
 };
 
