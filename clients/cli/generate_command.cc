@@ -76,10 +76,9 @@ ABSL_FLAG(int32_t, tp, 1,
           "generate: with --device cuda, tensor-parallel size: the model sharded by heads over "
           "GPUs 0 .. tp - 1.");
 ABSL_FLAG(int32_t, tp_invariant, 0,
-          "generate, serve: with --device cuda, TP-invariant numerics for --tp sizes dividing this value "
-          "(0 off, "
-          "1, 2 or 4): the same tokens, bit for bit the same logits, on 1, 2 or 4 GPUs "
-          "(docs/parallel.md)");
+          "generate, serve: with --device cuda, TP-invariant numerics for --tp sizes dividing "
+          "this value (0 off, 1, 2 or 4): the same tokens, bit for bit the same logits, on 1, 2 "
+          "or 4 GPUs, at some speed cost (docs/parallel.md).");
 
 // --server (remote_commands.cc): run the request on a router instead of offline.
 ABSL_DECLARE_FLAG(std::string, server);

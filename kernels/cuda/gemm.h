@@ -56,10 +56,11 @@ struct LinearParams {
   int64_t w_stride = 0;
   // Tensor-parallel invariance (docs/parallel.md "TP-invariant numerics"). > 0: the algorithm is
   // chosen for a canonical problem - n = plan_n, contiguous operands, 16-byte alignment, split-K
-  // only reduced in fp32 workspace (never in place in y) - and run on this one, so every element of y is computed by the same
-  // kernel in the same order whatever n and the strides are: a tensor-parallel shard's columns
-  // (n = plan_n / T) get the bits of the whole GEMM's, and a k-slice read in place from a wider
-  // matrix the bits of the same slice held alone. Operands must then be 16-byte aligned.
+  // only reduced in fp32 workspace (never in place in y) - and run on this one, so every
+  // element of y is computed by the same kernel in the same order whatever n and the strides
+  // are: a tensor-parallel shard's columns (n = plan_n / T) get the bits of the whole GEMM's,
+  // and a k-slice read in place from a wider matrix the bits of the same slice held alone.
+  // Operands must then be 16-byte aligned.
   int64_t plan_n = 0;
 };
 
