@@ -687,6 +687,14 @@ TEST(TpShapesTest, NonDividingSizesAreInvalidArguments) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // TP-invariant numerics: S must be 1, 2 or 4, a multiple of the TP size, and divide the KV
+  // heads into the rank's groups.
+  for (auto [tp, shards] : {std::pair{1, 3}, std::pair{2, 1}, std::pair{1, 8}, std::pair{1, 4}}) {
+    expect_field(CudaSelectionAttention::Create(SmallBudget(SelectionPolicyKind::kQuest), *gqa,
+                                                64, 8, tp, shards)
+                     .status(),
+                 "invariant_shards");
+  }
 }
 
 // A rank that fails in the middle of a call, while the other waits for it (in the launch
