@@ -20,6 +20,7 @@
 #include "engine/generation/generator.h"
 #include "engine/generation/model_loader.h"
 #include "engine/kvcache/page_pool.h"
+#include "engine/model/tp_invariance.h"
 #include "engine/selection/selection_options.h"
 #ifdef TS_HAVE_CUDA_BACKEND
 #include "engine/generation/cuda_backend.h"
@@ -264,7 +265,7 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   if (const int s = absl::GetFlag(FLAGS_tp_invariant); s != 0) {
     const int tp = absl::GetFlag(FLAGS_tp);
     if (device != "cuda") return absl::InvalidArgumentError("--tp_invariant needs --device cuda");
-    if ((s != 1 && s != 2 && s != 4) || tp < 1 || s % tp != 0) {
+    if (!engine::ValidInvariantShards(s, tp)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--tp_invariant must be 0, 1, 2 or 4 and a multiple of --tp ", tp, ", got ", s));
     }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "engine/model/tp_invariance.h"
 
 #ifdef TS_HAVE_CUDA_BACKEND
 #include <cuda_runtime_api.h>
@@ -152,8 +153,7 @@ absl::Status ValidateWorkerBackendOptions(const WorkerBackendOptions& o) {
   }
   if (o.tp_invariant != 0) {
     if (o.device != "cuda") return absl::InvalidArgumentError("--tp_invariant needs --device cuda");
-    if ((o.tp_invariant != 1 && o.tp_invariant != 2 && o.tp_invariant != 4) ||
-        o.tp_invariant % o.tp != 0) {
+    if (!ValidInvariantShards(o.tp_invariant, o.tp)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--tp_invariant must be 0, 1, 2 or 4 and a multiple of --tp ", o.tp,
                        ", got ", o.tp_invariant));

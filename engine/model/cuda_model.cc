@@ -122,7 +122,7 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logit
   const float eps = static_cast<float>(c.rms_norm_eps);
   // TP-invariant numerics (CudaModelOptions::invariant_shards): plan_n is the whole model's n.
   const int64_t shards = options_.invariant_shards;
-  const int64_t tp_size = IsSharded(options_.tp) ? options_.tp->size() : 1;
+  const int64_t tp_size = TpSize();
   // A GEMM y = x W^T on x's and W's columns [k0, k0 + k) of rows `stride` long (0: k).
   auto linear_slice = [&](void* y, const __nv_bfloat16* x, const __nv_bfloat16* w, const void* bias,
                           int64_t rows, int64_t k, int64_t stride, int64_t n, int64_t plan_n,
@@ -322,10 +322,27 @@ absl::StatusOr<CudaAttentionProvider*> CudaModel::RowProvider(const StepRow& row
   return d.dense_rows[row.row].get();
 }
 
-int64_t CudaModel::PlanKvHeads() const {
-  if (options_.invariant_shards == 0) return config_.num_kv_heads;
-  const int64_t tp_size = IsSharded(options_.tp) ? options_.tp->size() : 1;
-  return config_.num_kv_heads * tp_size / options_.invariant_shards;
+int64_t CudaModel::TpSize() const { return IsSharded(options_.tp) ? options_.tp->size() : 1; }
+
+namespace {
+
+// The KV heads a split plan is made for (CudaModel::DecodeSplits).
+int64_t PlanKvHeads(const ModelConfig& c, const CudaModelOptions& o, int64_t tp_size) {
+  return o.invariant_shards == 0 ? c.num_kv_heads
+                                 : c.num_kv_heads * tp_size / o.invariant_shards;
+}
+
+}  // namespace
+
+int CudaModel::DecodeSplits(int64_t max_kv_len) const {
+  return kc::PlanDecodeSplits(1, PlanKvHeads(config_, options_, TpSize()),
+                              std::max<int64_t>(1, max_kv_len), dev_->num_sms);
+}
+
+int CudaModel::PrefillSplits(int64_t q, int64_t max_kv_len) const {
+  const int64_t kv = PlanKvHeads(config_, options_, TpSize());
+  return kc::PlanPrefillSplits(1, kv * config_.group_size(), kv, q,
+                               std::max<int64_t>(1, max_kv_len), dev_->num_sms);
 }
 
 absl::Status CudaModel::Attention(int64_t layer, const StepRow& row, const int32_t* device_length,
@@ -375,10 +392,7 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row, const int32
     ap.num_heads = c.num_heads;
     ap.num_kv_heads = c.num_kv_heads;
     ap.head_dim = c.head_dim;
-    ap.num_splits = d.tuned_attention
-                        ? kc::PlanDecodeSplits(1, PlanKvHeads(),
-                                               std::max<int64_t>(1, list.max_kv_len), d.num_sms)
-                        : 1;
+    ap.num_splits = d.tuned_attention ? DecodeSplits(list.max_kv_len) : 1;
     ap.scale = scale;
     if (d.tuned_attention) {
       RETURN_IF_ERROR(reserve_workspace(
@@ -414,8 +428,7 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row, const int32
   pp.max_kv_len = std::max<int64_t>(1, list.max_kv_len);
   pp.scale = scale;
   if (d.tuned_attention) {
-    pp.num_splits = kc::PlanPrefillSplits(1, PlanKvHeads() * c.group_size(), PlanKvHeads(), m,
-                                          pp.max_kv_len, d.num_sms);
+    pp.num_splits = PrefillSplits(m, pp.max_kv_len);
     RETURN_IF_ERROR(reserve_workspace(
         kc::PrefillAttentionWorkspaceBytes(m, c.num_heads, c.head_dim, pp.num_splits)));
   }

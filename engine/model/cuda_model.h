@@ -85,7 +85,7 @@ struct CudaModelOptions {
   // (o_proj, down_proj) sum S k-slices in a fixed binary tree (T = 1 runs S GEMMs per layer, T
   // = S one per rank and the all-reduce adds the tree's top), the column-parallel GEMMs run the
   // algorithm chosen for the whole model's shape (kernels/cuda/gemm.h plan_n), and the
-  // attention kernels split their lists as a shard of S would (PlanKvHeads). Selection
+  // attention kernels split their lists as a shard of S would (DecodeSplits). Selection
   // providers need the same S (CudaSelectionAttention::Create's invariant_shards; CudaBackend
   // passes it). Over more than 2 GPUs the group must sum in a fixed tree (TpCudaModel makes
   // one). Costs S - 1 more GEMM launches per row-parallel GEMM at T = 1 (docs/parallel.md).
@@ -282,10 +282,14 @@ class CudaModel {
   absl::Status Attention(int64_t layer, const StepRow& row, const int32_t* device_length = nullptr,
                          int64_t bound = 0);
   CudaAttentionQuery LayerQuery(int64_t layer, const StepRow& row) const;
-  // The KV heads the attention kernels plan their splits for: this shard's, or with TP-invariant
-  // numerics those of a shard of S (so every tensor-parallel size splits a list alike, as TP=S
-  // would on its own).
-  int64_t PlanKvHeads() const;
+  // The tensor-parallel size this model is a rank of (1: not sharded).
+  int64_t TpSize() const;
+  // KV splits of the tuned attention kernels for lists of up to max_kv_len tokens (prefill: q
+  // queries), planned for this shard's KV heads, or with TP-invariant numerics for those of a
+  // shard of S (so every tensor-parallel size splits a list alike, as TP=S would on its own).
+  // Every caller that sizes a workspace or launches uses these, so the two always agree.
+  int DecodeSplits(int64_t max_kv_len) const;
+  int PrefillSplits(int64_t q, int64_t max_kv_len) const;
   // Grows the attention workspace to `bytes` (after waiting for the stream). Where nothing may be
   // allocated inside a step (!may_allocate: tensor parallelism, where Build reserved it, or a
   // step on device lengths, which PlanRows reserved for) a shortfall is Internal.
@@ -321,13 +325,13 @@ class CudaModel {
   // while the GPU may still run the steps just enqueued (EnqueueForward calls it after a
   // prompt's last chunk), so that the first decode step replays at once.
   absl::Status CaptureNextStep(CudaSequence* seq, CudaAttentionProvider* attention);
-  // A decode step (one new token per row, logits for every row, every row on device lengths) as
-  // one replayed CUDA graph; *ran false: nothing was enqueued, run the step by segments.
   // Forward's checks (errors name `caller`), then its steps (chunks of max_chunk), the last one
   // with logits when `logits`; nothing is copied to the host.
   absl::Status EnqueueForward(const char* caller, CudaSequence* seq,
                               absl::Span<const int32_t> tokens, CudaAttentionProvider* attention,
                               bool logits);
+  // A decode step (one new token per row, logits for every row, every row on device lengths) as
+  // one replayed CUDA graph; *ran false: nothing was enqueued, run the step by segments.
   absl::Status RunStepGraph(absl::Span<const StepRow> rows, absl::Span<const RowPlan> plan,
                             bool* ran);
   // FP8: kv_scales_ from the uploaded weights, and their device copy.

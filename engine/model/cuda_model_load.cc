@@ -16,6 +16,7 @@
 #include "engine/model/cuda_model.h"
 #include "engine/model/cuda_model_internal.h"
 #include "engine/model/kv_scales.h"
+#include "engine/model/tp_invariance.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/kernel_attributes.h"
@@ -308,7 +309,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
   ASSIGN_OR_RETURN(const ModelConfig c, ShardConfig(config, shard.parts));
   const int64_t shards = options.invariant_shards;
   if (shards != 0) {
-    if ((shards != 1 && shards != 2 && shards != 4) || shards % shard.parts != 0) {
+    if (!ValidInvariantShards(shards, shard.parts)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "CudaModel: invariant_shards must be 0, 1, 2 or 4 and a multiple of the tensor-parallel "
           "size ",
@@ -430,13 +431,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
     const int64_t max_kv = options.max_tokens + options.max_chunk;
     size_t ws = 0;
     if (d.tuned_attention) {
-      const int64_t plan_kv = model->PlanKvHeads();
       ws = kc::DecodeAttentionWorkspaceBytes(1, c.num_heads, c.head_dim,
-                                             kc::PlanDecodeSplits(1, plan_kv, max_kv, d.num_sms));
+                                             model->DecodeSplits(max_kv));
       for (int64_t q = 2; q <= options.max_chunk; ++q) {
-        const int splits =
-            kc::PlanPrefillSplits(1, plan_kv * c.group_size(), plan_kv, q, max_kv, d.num_sms);
-        ws = std::max(ws, kc::PrefillAttentionWorkspaceBytes(q, c.num_heads, c.head_dim, splits));
+        ws = std::max(ws, kc::PrefillAttentionWorkspaceBytes(q, c.num_heads, c.head_dim,
+                                                             model->PrefillSplits(q, max_kv)));
       }
     }
     RETURN_IF_ERROR(d.attention_workspace.Allocate(ws));

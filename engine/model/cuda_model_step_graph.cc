@@ -66,9 +66,7 @@ absl::StatusOr<std::vector<CudaModel::RowPlan>> CudaModel::PlanRowBounds(
   if (d.tuned_attention) {
     const ModelConfig& c = config_;
     RETURN_IF_ERROR(ReserveAttentionWorkspace(
-        kc::DecodeAttentionWorkspaceBytes(
-            1, c.num_heads, c.head_dim,
-            kc::PlanDecodeSplits(1, c.num_kv_heads, max_bound + 1, d.num_sms)),
+        kc::DecodeAttentionWorkspaceBytes(1, c.num_heads, c.head_dim, DecodeSplits(max_bound + 1)),
         /*may_allocate=*/!IsSharded(options_.tp)));
   }
   return plan;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/model/tp_invariance.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/selection.h"
@@ -115,10 +116,8 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     return absl::InvalidArgumentError(
         absl::StrCat("GPU selection: tensor-parallel size must be >= 1, got ", tp_size));
   }
-  if (invariant_shards != 0 &&
-      ((invariant_shards != 1 && invariant_shards != 2 && invariant_shards != 4) ||
-       invariant_shards % tp_size != 0 ||
-       config.num_kv_heads % (invariant_shards / tp_size) != 0)) {
+  if (!ValidInvariantShards(invariant_shards, tp_size) ||
+      (invariant_shards != 0 && config.num_kv_heads % (invariant_shards / tp_size) != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GPU selection: invariant_shards must be 0, 1, 2 or 4, a multiple of the tensor-parallel "
         "size ",
@@ -473,17 +472,13 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
   qp.page_size = page;
   qp.workspace = d.quest_workspace;
   qp.head_parts = invariant_shards_ > 0 ? invariant_shards_ / tp_size_ : 1;
-  if (IsSharded(query.tp) || qp.head_parts > 1) {
-    // A page's bound sums over heads: each rank scores with its heads, the ranks add up.
-    RETURN_IF_ERROR(CudaStatus(kc::QuestScorePages(qp, s), "QuestScorePages"));
-    if (o.k > 0 && IsSharded(query.tp)) {
-      RETURN_IF_ERROR(
-          query.tp->AllReduceSum(d.page_scores, kc::QuestNumPages(qp.problem, page), s));
-    }
-    RETURN_IF_ERROR(CudaStatus(kc::QuestChoosePages(qp, s), "QuestChoosePages"));
-  } else {
-    RETURN_IF_ERROR(CudaStatus(kc::QuestSelect(qp, s), "QuestSelect"));
+  // QuestSelect's two halves: a page's bound sums over heads, so under tensor parallelism each
+  // rank scores with its heads and the ranks add up before the choice.
+  RETURN_IF_ERROR(CudaStatus(kc::QuestScorePages(qp, s), "QuestScorePages"));
+  if (o.k > 0 && IsSharded(query.tp)) {
+    RETURN_IF_ERROR(query.tp->AllReduceSum(d.page_scores, kc::QuestNumPages(qp.problem, page), s));
   }
+  RETURN_IF_ERROR(CudaStatus(kc::QuestChoosePages(qp, s), "QuestChoosePages"));
   kc::TokensListParams lp;
   lp.kv_indptr = d.indptr;
   lp.kv_indices = d.indices;
