@@ -25,6 +25,9 @@ int Alignment(uintptr_t a) {
   return align;
 }
 
+// The leading dimension of x or W: its stride, 0 meaning contiguous rows of k.
+int64_t LeadingDim(int64_t stride, int64_t k) { return stride > 0 ? stride : k; }
+
 cudaError_t ToCuda(cublasStatus_t status) {
   switch (status) {
     case CUBLAS_STATUS_SUCCESS:
@@ -101,10 +104,10 @@ struct GemmRunner::Impl {
     }
     const auto k = static_cast<uint64_t>(p.k), m = static_cast<uint64_t>(p.m),
                n = static_cast<uint64_t>(p.n);
-    const int64_t ldw = p.w_stride > 0 ? p.w_stride : p.k;
-    const int64_t ldx = p.x_stride > 0 ? p.x_stride : p.k;
-    TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, k, n, ldw));
-    TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, k, m, ldx));
+    TS_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, k, n, LeadingDim(p.w_stride, p.k)));
+    TS_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, k, m, LeadingDim(p.x_stride, p.k)));
     TS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->d, out_type, n, m, p.n));
     if (p.plan_n > 0) return InvariantAlgo(p, out_type, plan);
 
@@ -216,8 +219,8 @@ cudaError_t GemmRunner::Linear(const LinearParams& p, cudaStream_t stream) {
   // Leading dimensions limit the alignment of every row, not only of the first.
   const uintptr_t out_row_bytes =
       static_cast<uintptr_t>(p.n) * (p.out == GemmOutput::kFp32 ? 4 : 2);
-  const int64_t ldx = p.x_stride > 0 ? p.x_stride : p.k;
-  const int64_t ldw = p.w_stride > 0 ? p.w_stride : p.k;
+  const int64_t ldx = LeadingDim(p.x_stride, p.k);
+  const int64_t ldw = LeadingDim(p.w_stride, p.k);
   int align = std::min({Alignment(address(p.x)), Alignment(address(p.w)), Alignment(address(p.y)),
                         Alignment(static_cast<uintptr_t>(ldx) * 2),
                         Alignment(static_cast<uintptr_t>(ldw) * 2), Alignment(out_row_bytes)});

@@ -295,7 +295,8 @@ __device__ __forceinline__ bool SmallExchange(U* data, int64_t begin, int64_t en
 
 // No __launch_bounds__: with it ptxas capped this kernel at 32 registers and spilled (sm_80).
 template <typename T>
-__global__ void PeerAllReduceSmallKernel(T* data, int64_t count, PeerAllReduceView v, const int32_t* skip) {
+__global__ void PeerAllReduceSmallKernel(T* data, int64_t count, PeerAllReduceView v,
+                                         const int32_t* skip) {
   if (skip != nullptr && *skip != 0) return;  // on every rank alike: counts stay in step
   using V = typename Vec<T>::Type;
   constexpr int kPerVec = sizeof(V) / sizeof(T);
