@@ -138,8 +138,7 @@ void Run(int64_t n, int reps, int num_sms, cudaStream_t stream) {
     pp.max_kv_len = n;
     pp.scale = p.scale;
     pp.num_splits = PlanPrefillSplits(1, kHeads, kKvHeads, kChunk, n, num_sms);
-    DeviceBuffer<char> pws(
-        std::max<size_t>(1, PrefillAttentionWorkspaceBytes(kChunk, kHeads, kDim, pp.num_splits)));
+    DeviceBuffer<char> pws(std::max<size_t>(1, PrefillAttentionWorkspaceBytes(pp)));
     pp.workspace = pws.get();
     prefill_ms[fp8] = bench::MedianMs(
         stream, [&](int) { TS_CUDA_CHECK(PrefillAttention(pp, stream)); }, {std::max(3, reps / 4), 1});

@@ -208,9 +208,12 @@ int Main(int argc, char** argv) {
     return p;
   };
   std::printf("\n(a) PrefillAttention alone, chunk %lld queries\n", static_cast<long long>(kChunk));
-  std::printf("%-40s %10s %9s %9s  %s\n", "case", "ms", "TFLOP/s", "KV GB/s", "note");
+  std::printf("%-52s %10s %9s %9s  %s\n", "case", "ms", "TFLOP/s", "KV GB/s", "note");
 
-  // ---- Sparse TokenSelect chunk list: 8 random selections rotated between reps. ----
+  // ---- Sparse TokenSelect chunk list: 8 random selections rotated between reps; the whole
+  // model's heads on a bf16 cache, and one tensor-parallel rank's half (16 / 4 heads) on an FP8
+  // cache (the TP=2 FP8 1M configuration), each with the list read from the cache by the
+  // attention kernel and gathered first (PrefillGather). ----
   {
     std::vector<std::unique_ptr<Problem>> sets;
     std::uniform_int_distribution<int32_t> any(0, static_cast<int32_t>(kMaxN - 1));
@@ -223,42 +226,94 @@ int Main(int argc, char** argv) {
       for (int64_t i = 0; i < kChunk; ++i) slots.push_back(static_cast<int32_t>(kMaxN + i));
       sets.push_back(MakeProblem(slots, positions, kSelected, static_cast<int32_t>(kSelected)));
     }
-    const int splits = Splits(kList, num_sms);
-    DeviceBuffer<char> ws(PrefillAttentionWorkspaceBytes(kChunk, kHeads, kDim, splits));
-    // Check against the CUDA-core fallback.
-    out.Poison();
-    out_ref.Poison();
-    TS_CUDA_CHECK(
-        PrefillAttention(params_for(sets[0]->lists(), splits, ws.get(), out.get()), g_stream));
-    TS_CUDA_CHECK(
-        SimplePrefillAttention(params_for(sets[0]->lists(), 1, nullptr, out_ref.get()), g_stream));
-    TS_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto got = out.Download(), want = out_ref.Download();
-    double err2 = 0.0, ref2 = 0.0;
-    bool nan = false;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double a = gpu_test::Bf16BitsToFloat(got[i]), b = gpu_test::Bf16BitsToFloat(want[i]);
-      nan |= std::isnan(a) || std::isnan(b);
-      err2 += (a - b) * (a - b);
-      ref2 += b * b;
+    // The FP8 cache of the 4-head rank: kCacheSlots slots x 4 heads x d bytes, scales of 1/16.
+    constexpr int64_t kRankKv = kKvHeads / 2;
+    DeviceBuffer<uint8_t> k8(static_cast<size_t>(kCacheSlots * kRankKv * kDim)), v8(k8.size());
+    bench::FillRandomFp8(k8.get(), static_cast<int64_t>(k8.size()), 4u, g_stream);
+    bench::FillRandomFp8(v8.get(), static_cast<int64_t>(v8.size()), 5u, g_stream);
+    DeviceBuffer<float> scales(std::vector<float>(kKvHeads, 1.0f / 16.0f));
+    struct Shape {
+      const char* name;
+      int64_t heads, kv_heads;
+      bool fp8;
+    };
+    for (const Shape& sh : {Shape{"32/8 heads, bf16", kHeads, kKvHeads, false},
+                            Shape{"16/4 heads (TP=2 rank), FP8", kHeads / 2, kRankKv, true}}) {
+      const int splits = g_splits > 0 ? g_splits
+                                      : PlanPrefillSplits(1, sh.heads, sh.kv_heads, kChunk,
+                                                          kList, num_sms);
+      auto shape_params = [&](const Lists& l, PrefillGather gather, uint16_t* dst) {
+        PrefillAttentionParams p = params_for(l, splits, nullptr, dst);
+        p.num_heads = sh.heads;
+        p.num_kv_heads = sh.kv_heads;
+        p.gather = gather;
+        if (sh.fp8) {
+          p.kv_type = KvCacheType::kFp8E4M3;
+          p.k_cache = k8.get();
+          p.v_cache = v8.get();
+          p.k_scale = scales.get();
+          p.v_scale = scales.get();
+        }
+        return p;
+      };
+      const PrefillAttentionParams shape = shape_params(sets[0]->lists(), PrefillGather::kOn, 0);
+      DeviceBuffer<char> ws(std::max<size_t>(1, PrefillAttentionWorkspaceBytes(shape)));
+      const int64_t out_elems = kChunk * sh.heads * kDim;
+      // Check: cache-reading and gathered tuned runs against the CUDA-core fallback, and the two
+      // tuned runs the same bits.
+      std::vector<uint16_t> tuned[2];
+      for (int g = 0; g < 2; ++g) {
+        out.Poison();
+        PrefillAttentionParams p = shape_params(
+            sets[0]->lists(), g ? PrefillGather::kOn : PrefillGather::kOff, out.get());
+        p.workspace = ws.get();
+        TS_CUDA_CHECK(PrefillAttention(p, g_stream));
+        TS_CUDA_CHECK(cudaDeviceSynchronize());
+        tuned[g] = out.Download();
+        tuned[g].resize(static_cast<size_t>(out_elems));
+      }
+      out_ref.Poison();
+      TS_CUDA_CHECK(SimplePrefillAttention(
+          shape_params(sets[0]->lists(), PrefillGather::kOff, out_ref.get()), g_stream));
+      TS_CUDA_CHECK(cudaDeviceSynchronize());
+      auto want = out_ref.Download();
+      want.resize(static_cast<size_t>(out_elems));
+      double err2 = 0.0, ref2 = 0.0;
+      bool nan = false;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const double a = gpu_test::Bf16BitsToFloat(tuned[0][i]);
+        const double b = gpu_test::Bf16BitsToFloat(want[i]);
+        nan |= std::isnan(a) || std::isnan(b);
+        err2 += (a - b) * (a - b);
+        ref2 += b * b;
+      }
+      const double rel = std::sqrt(err2 / ref2);
+      const bool same = tuned[0] == tuned[1];
+      const bool ok = !nan && rel < 1e-2 && same;
+      std::printf("check: sparse list (%lld entries), %s: tuned vs SimplePrefillAttention rel L2 "
+                  "%.2e, gathered %s -> %s\n", static_cast<long long>(kList), sh.name, rel,
+                  same ? "same bits" : "DIFFERS", ok ? "OK" : "FAILED");
+      if (!ok) return 1;
+      const double flops = 4.0 * kDim * sh.heads * sets[0]->visible_sum;
+      for (int g = 0; g < 2; ++g) {
+        const double ms = GraphMedianMs(
+            [&](int r) {
+              PrefillAttentionParams p = shape_params(
+                  sets[r % 8]->lists(), g ? PrefillGather::kOn : PrefillGather::kOff, out.get());
+              p.workspace = ws.get();
+              TS_CUDA_CHECK(PrefillAttention(p, g_stream));
+            },
+            reps * 2);
+        char what[96], note[64];
+        std::snprintf(what, sizeof(what), "sparse 3200, %s%s", sh.name, g ? ", gathered" : "");
+        std::snprintf(note, sizeof(note), "%d split(s), graph", splits);
+        const double kv_bytes = 2.0 * kList * sh.kv_heads * kDim * (sh.fp8 ? 1 : 2);
+        std::printf("%-52s %10.4f %9.1f %9.1f  %s\n", what, ms, flops / ms / 1e9,
+                    kv_bytes / ms / 1e6, note);
+        if (!sh.fp8) csv.Add(g ? "ours_sparse_attention" : "ours_sparse_attention_ungathered", 0,
+                             ms);
+      }
     }
-    const double rel = std::sqrt(err2 / ref2);
-    const bool ok = !nan && rel < 1e-2;
-    std::printf("check: sparse list (%lld entries), tuned vs SimplePrefillAttention: rel L2 %.2e "
-                "-> %s\n", static_cast<long long>(kList), rel, ok ? "OK" : "FAILED");
-    if (!ok) return 1;
-    const double ms = GraphMedianMs(
-        [&](int r) {
-          TS_CUDA_CHECK(PrefillAttention(
-              params_for(sets[r % 8]->lists(), splits, ws.get(), out.get()), g_stream));
-        },
-        reps * 2);
-    const double flops = 4.0 * kDim * kHeads * sets[0]->visible_sum;
-    char note[64];
-    std::snprintf(note, sizeof(note), "%d split(s), graph", splits);
-    std::printf("%-40s %10.4f %9.1f %9.1f  %s\n", "sparse 2688 selected + 512 chunk", ms,
-                flops / ms / 1e9, 2.0 * kList * kRowBytes / ms / 1e6, note);
-    csv.Add("ours_sparse_attention", 0, ms);
   }
 
   // ---- Dense chunk over N cached tokens. ----
@@ -271,15 +326,16 @@ int Main(int argc, char** argv) {
     for (int64_t i = 0; i < kChunk; ++i) slots[n + i] = static_cast<int32_t>(kMaxN + i);
     auto pr = MakeProblem(slots, positions, n, static_cast<int32_t>(n));
     const int splits = Splits(n + kChunk, num_sms);
-    DeviceBuffer<char> ws(PrefillAttentionWorkspaceBytes(kChunk, kHeads, kDim, splits));
-    const auto p = params_for(pr->lists(), splits, ws.get(), out.get());
+    auto p = params_for(pr->lists(), splits, nullptr, out.get());
+    DeviceBuffer<char> ws(std::max<size_t>(1, PrefillAttentionWorkspaceBytes(p)));
+    p.workspace = ws.get();
     const int r = n >= (512 << 10) ? (quick ? 3 : 5) : reps;
     const double ms = MedianMs([&](int) { TS_CUDA_CHECK(PrefillAttention(p, g_stream)); }, r, 1);
     const double flops = 4.0 * kDim * kHeads * pr->visible_sum;
     char what[64], note[64];
     std::snprintf(what, sizeof(what), "dense N=%lldK + 512 chunk", static_cast<long long>(n >> 10));
     std::snprintf(note, sizeof(note), "%d split(s)", splits);
-    std::printf("%-40s %10.4f %9.1f %9.1f  %s\n", what, ms, flops / ms / 1e9,
+    std::printf("%-52s %10.4f %9.1f %9.1f  %s\n", what, ms, flops / ms / 1e9,
                 2.0 * (n + kChunk) * kRowBytes / ms / 1e6, note);
     csv.Add("ours_dense_attention", n, ms);
     dense_ms.push_back(ms);
@@ -298,7 +354,10 @@ int Main(int argc, char** argv) {
   const std::vector<int32_t> kv_indptr = {0, static_cast<int32_t>(kList)};
   DeviceBuffer<int32_t> d_q_indptr(q_indptr), d_kv_indptr(kv_indptr);
   const int step_splits = Splits(kList, num_sms);
-  DeviceBuffer<char> attn_ws(PrefillAttentionWorkspaceBytes(kChunk, kHeads, kDim, step_splits));
+  DeviceBuffer<char> attn_ws(std::max<size_t>(
+      1, PrefillAttentionWorkspaceBytes(params_for(
+             {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, kList}, step_splits, nullptr,
+             nullptr))));
   for (size_t si = 0; si < 4; ++si) {
     const int64_t n = sizes[si];
     const int64_t cands = n - kInit - kLocal;

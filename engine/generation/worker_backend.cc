@@ -193,7 +193,8 @@ absl::StatusOr<int64_t> PlanKvTokens(const ModelConfig& c, int64_t budget_bytes,
   const int64_t kv = c.num_kv_heads * c.head_dim;
   // One step's activations (fp32 residual and bf16 buffers of every projection, generously),
   // the logits rows, and a fixed margin for cuBLASLt, CUDA graphs, the collectives' buffers
-  // (NCCL's; 32 MiB per GPU for the peer all-reduce at TP=2) and the context's own use.
+  // (NCCL's; 32 MiB per GPU for the peer all-reduce at TP=2), the attention workspace (a
+  // gathered prefill list: up to 32 MiB) and the context's own use.
   const int64_t activations =
       max_chunk * (8 * c.hidden_size + 4 * (q + 2 * kv) + 6 * c.intermediate_size) +
       max_batch * c.vocab_size * 4 + 2 * kGiB;

@@ -305,6 +305,14 @@ absl::Status CudaModel::ReserveAttentionWorkspace(size_t bytes, bool may_allocat
                                             " bytes was not reserved before the step"));
   }
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
+  // A captured whole-step graph holds the old workspace's address: drop it (the sync leaves none
+  // in flight); its key's next step captures again. (A prefill that needs more than the decode
+  // steps reserved, e.g. a gathered list, comes after them when a sequence is reused.)
+  if (d.step_graph != nullptr) {
+    cudaGraphExecDestroy(d.step_graph);
+    d.step_graph = nullptr;
+    d.step_key.clear();
+  }
   return d.attention_workspace.Allocate(bytes);
 }
 
@@ -429,8 +437,7 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row, const int32
   pp.scale = scale;
   if (d.tuned_attention) {
     pp.num_splits = PrefillSplits(m, pp.max_kv_len);
-    RETURN_IF_ERROR(reserve_workspace(
-        kc::PrefillAttentionWorkspaceBytes(m, c.num_heads, c.head_dim, pp.num_splits)));
+    RETURN_IF_ERROR(reserve_workspace(kc::PrefillAttentionWorkspaceBytes(pp)));
   }
   pp.workspace = d.attention_workspace.as<void>();
   return CudaStatus(d.tuned_attention ? kc::PrefillAttention(pp, d.stream)

@@ -426,16 +426,27 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Build(const ModelConfig& c
   RETURN_IF_ERROR(CudaStatus(kc::FillIota(d.iota.as<int32_t>(), iota_len, d.stream), "FillIota"));
   if (IsSharded(options.tp)) {
     // Tensor parallelism allocates nothing inside a step (see CudaModel::Attention): reserve the
-    // attention workspace of the largest plan (splits only grow with the list length, so the
-    // longest list bounds every step size) and the dense rows of a full batch.
+    // attention workspace of the largest plan and the dense rows of a full batch. Splits only
+    // grow with the list length, so the longest list bounds the split partials; a gathered list
+    // (kernels/cuda/prefill_attention.h) adds its copy up to kPrefillGatherMaxEntries, so the
+    // longest list that may still be gathered is the other candidate.
     const int64_t max_kv = options.max_tokens + options.max_chunk;
     size_t ws = 0;
     if (d.tuned_attention) {
       ws = kc::DecodeAttentionWorkspaceBytes(1, c.num_heads, c.head_dim,
                                              model->DecodeSplits(max_kv));
+      kc::PrefillAttentionParams pp;
+      pp.batch = 1;
+      pp.num_heads = c.num_heads;
+      pp.num_kv_heads = c.num_kv_heads;
+      pp.head_dim = c.head_dim;
       for (int64_t q = 2; q <= options.max_chunk; ++q) {
-        ws = std::max(ws, kc::PrefillAttentionWorkspaceBytes(q, c.num_heads, c.head_dim,
-                                                             model->PrefillSplits(q, max_kv)));
+        pp.total_q = pp.max_q_len = q;
+        for (int64_t kv : {std::min(max_kv, kc::kPrefillGatherMaxEntries), max_kv}) {
+          pp.max_kv_len = kv;
+          pp.num_splits = model->PrefillSplits(q, kv);
+          ws = std::max(ws, kc::PrefillAttentionWorkspaceBytes(pp));
+        }
       }
     }
     RETURN_IF_ERROR(d.attention_workspace.Allocate(ws));

@@ -38,6 +38,14 @@
 // the same shared memory as bf16), and from there on it is the bf16 code (rotate, S, softmax,
 // P V): bit for bit the bf16 result over the dequantized cache. One extra barrier per tile.
 //
+// GatherListKernel<D, kFp8>: grid (entries / 32 or 64, kv head, request); writes entry j of request b's list
+// to row kv_indptr[b] + j of a [num_kv_heads][capacity][D] bf16 K and V: the key dequantized
+// (FP8) and rotated at its position exactly as the attention kernel rotates a landed tile
+// (Rotate8 on the bf16 values, rounded to bf16), the value dequantized or copied; then
+// PrefillKernel<kGathered> runs the bf16 kernel's loop without the per-tile rotation (and the
+// FP8 dequantization), its tiles copied from consecutive rows. A thread per (entry, rotate_half
+// chunk): 16 key and 16 value elements.
+//
 // SimplePrefillKernel: block (query row, head), 256 threads, the SimpleDecodeKernel scheme
 // (simple_attention.cu) over the visible prefix of the request's list; either cache type.
 //
@@ -46,7 +54,9 @@
 // Measured on H200 (bench/prefill_cuda_bench.cu, Llama-3-8B shape, chunk 512, 2 splits):
 // dense chunk over 1M cached tokens + the chunk 33.1 ms (266 TFLOP/s; 1 split: 48.8 ms; PyTorch
 // flash attention on contiguous pre-rotated K/V, same run: 30.2 ms); TokenSelect list of 2688
-// selected + 512 chunk entries 0.120 ms; the whole TokenSelect chunk step at 1M 0.880 ms.
+// selected + 512 chunk entries 0.120 ms read from the cache, 0.101 ms gathered (gather pass
+// included); one TP=2 rank's list (16 / 4 heads) on an FP8 cache 0.083 ms against 0.060 ms
+// gathered (4 splits; fourteenth session).
 #include "kernels/cuda/prefill_attention.h"
 
 #include <cuda_runtime.h>
@@ -76,6 +86,94 @@ bool HasListPointers(const PrefillAttentionParams& p) {
          p.v_cache != nullptr && p.kv_indptr != nullptr && p.kv_indices != nullptr &&
          p.kv_positions != nullptr && p.inv_freq != nullptr &&
          (p.kv_type == KvCacheType::kBf16 || (p.k_scale != nullptr && p.v_scale != nullptr));
+}
+
+// ---- The gathered list. ----
+
+constexpr int kGatherThreads = 256;
+
+template <int D, bool kFp8>
+__global__ void __launch_bounds__(kGatherThreads)
+    GatherListKernel(PrefillAttentionParams p, prefill_internal::SplitWorkspace ws) {
+  constexpr int kHalfChunks = D / 16;  // threads per entry
+  constexpr int kEntries = kGatherThreads / kHalfChunks;
+  const int kv = blockIdx.y, b = blockIdx.z;
+  const int64_t list_begin = p.kv_indptr[b];
+  const int len = static_cast<int>(p.kv_indptr[b + 1] - list_begin);
+  const int j = static_cast<int>(blockIdx.x) * kEntries + static_cast<int>(threadIdx.x) / kHalfChunks;
+  const int hc = static_cast<int>(threadIdx.x) % kHalfChunks;
+  const int64_t row = kv * (ws.capacity + prefill_internal::kBN) + list_begin + j;
+  if (j >= len) {
+    // The last request's list is followed by kBN zero rows (the attention kernel's last tile
+    // reads them, masked).
+    if (b + 1 == static_cast<int>(gridDim.z) && j < len + prefill_internal::kBN &&
+        list_begin + j < ws.capacity + prefill_internal::kBN) {
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(ws.gathered_k + row * D + hc * 8) = zero;
+      *reinterpret_cast<uint4*>(ws.gathered_k + row * D + D / 2 + hc * 8) = zero;
+      *reinterpret_cast<uint4*>(ws.gathered_v + row * D + hc * 8) = zero;
+      *reinterpret_cast<uint4*>(ws.gathered_v + row * D + D / 2 + hc * 8) = zero;
+    }
+    return;
+  }
+  if (list_begin + j >= ws.capacity) return;
+  const int64_t src = static_cast<int64_t>(__ldg(p.kv_indices + list_begin + j)) *
+                          p.num_kv_heads * D + kv * D + hc * 8;
+  float x[8], y[8];
+  uint4 v_lo, v_hi;
+  if constexpr (kFp8) {
+    const uint8_t* k = static_cast<const uint8_t*>(p.k_cache) + src;
+    const uint8_t* v = static_cast<const uint8_t*>(p.v_cache) + src;
+    const float ks = __ldg(p.k_scale + kv), vs = __ldg(p.v_scale + kv);
+    kv_internal::Bf16x8ToFloat(
+        kv_internal::Fp8x8ToBf16x8(*reinterpret_cast<const uint2*>(k), ks), x);
+    kv_internal::Bf16x8ToFloat(
+        kv_internal::Fp8x8ToBf16x8(*reinterpret_cast<const uint2*>(k + D / 2), ks), y);
+    v_lo = kv_internal::Fp8x8ToBf16x8(*reinterpret_cast<const uint2*>(v), vs);
+    v_hi = kv_internal::Fp8x8ToBf16x8(*reinterpret_cast<const uint2*>(v + D / 2), vs);
+  } else {
+    const __nv_bfloat16* k = static_cast<const __nv_bfloat16*>(p.k_cache) + src;
+    const __nv_bfloat16* v = static_cast<const __nv_bfloat16*>(p.v_cache) + src;
+    kv_internal::Bf16x8ToFloat(*reinterpret_cast<const uint4*>(k), x);
+    kv_internal::Bf16x8ToFloat(*reinterpret_cast<const uint4*>(k + D / 2), y);
+    v_lo = *reinterpret_cast<const uint4*>(v);
+    v_hi = *reinterpret_cast<const uint4*>(v + D / 2);
+  }
+  float freq[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) freq[e] = __ldg(p.inv_freq + hc * 8 + e);
+  prefill_internal::Rotate8(x, y, static_cast<float>(__ldg(p.kv_positions + list_begin + j)),
+                            freq, 1.0f);
+  const int64_t dst = row * D + hc * 8;
+  *reinterpret_cast<uint4*>(ws.gathered_k + dst) = prefill_internal::Pack8(x);
+  *reinterpret_cast<uint4*>(ws.gathered_k + dst + D / 2) = prefill_internal::Pack8(y);
+  *reinterpret_cast<uint4*>(ws.gathered_v + dst) = v_lo;
+  *reinterpret_cast<uint4*>(ws.gathered_v + dst + D / 2) = v_hi;
+}
+
+template <int D>
+cudaError_t LaunchGather(const PrefillAttentionParams& p,
+                         const prefill_internal::SplitWorkspace& ws, cudaStream_t stream) {
+  constexpr int kEntries = kGatherThreads / (D / 16);
+  const dim3 grid(static_cast<unsigned>((p.max_kv_len + prefill_internal::kBN + kEntries - 1) /
+                                        kEntries),
+                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.batch));
+  if (p.kv_type == KvCacheType::kFp8E4M3) {
+    GatherListKernel<D, true><<<grid, kGatherThreads, 0, stream>>>(p, ws);
+  } else {
+    GatherListKernel<D, false><<<grid, kGatherThreads, 0, stream>>>(p, ws);
+  }
+  return cudaGetLastError();
+}
+
+bool Gathers(const PrefillAttentionParams& p) {
+  if (p.batch <= 0 || p.max_kv_len <= 0) return false;
+  switch (p.gather) {
+    case PrefillGather::kOn: return true;
+    case PrefillGather::kOff: return false;
+    default:
+      return PrefillGathersList(p.batch, p.num_heads, p.num_kv_heads, p.max_q_len, p.max_kv_len);
+  }
 }
 
 // ---- Generic fallback. ----
@@ -239,14 +337,30 @@ int PlanPrefillSplits(int64_t batch, int64_t num_heads, int64_t num_kv_heads, in
   return static_cast<int>(std::clamp<int64_t>(std::min(want, most), 1, std::max<int64_t>(1, cap)));
 }
 
-size_t PrefillAttentionWorkspaceBytes(int64_t total_q, int64_t num_heads, int64_t head_dim,
-                                      int num_splits) {
-  if (num_splits <= 1) return 0;
-  return static_cast<size_t>(total_q * num_heads * num_splits * (head_dim + 1)) * sizeof(float);
+bool PrefillGathersList(int64_t batch, int64_t num_heads, int64_t num_kv_heads,
+                        int64_t max_q_len, int64_t max_kv_len) {
+  if (batch <= 0 || num_kv_heads <= 0 || max_q_len <= 0 || max_kv_len <= 0) return false;
+  const int64_t group = std::max<int64_t>(1, num_heads / num_kv_heads);
+  return max_q_len * group > kBM && batch * max_kv_len <= kPrefillGatherMaxEntries;
+}
+
+size_t PrefillAttentionWorkspaceBytes(const PrefillAttentionParams& p) {
+  size_t bytes = 0;
+  if (Gathers(p)) {
+    const int64_t elems = p.num_kv_heads * (p.batch * p.max_kv_len + kBN) * p.head_dim;
+    bytes += static_cast<size_t>(elems * 2 * 2 + 255) / 256 * 256;
+  }
+  if (p.num_splits > 1) {
+    bytes += static_cast<size_t>(p.total_q * p.num_heads * p.num_splits * (p.head_dim + 1)) *
+             sizeof(float);
+  }
+  return bytes;
 }
 
 cudaError_t PrepareAttentionKernels() {
-  for (cudaError_t e : {prefill_internal::ConfigurePrefillKernels<false>(),
+  using prefill_internal::KvSource;
+  for (cudaError_t e : {prefill_internal::ConfigurePrefillKernels<KvSource::kBf16Cache>(),
+                        prefill_internal::ConfigurePrefillKernelsGathered(),
                         prefill_internal::ConfigurePrefillKernelsFp8(),
                         internal::ConfigureDecodeMmaKernels()}) {
     if (e != cudaSuccess) return e;
@@ -269,16 +383,25 @@ cudaError_t PrefillAttention(const PrefillAttentionParams& p, cudaStream_t strea
     return cudaErrorInvalidValue;
   }
   if (p.batch == 0 || p.total_q == 0) return cudaSuccess;
-  if (!HasListPointers(p) || (p.num_splits > 1 && p.workspace == nullptr)) {
+  if (!HasListPointers(p) || (PrefillAttentionWorkspaceBytes(p) > 0 && p.workspace == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (p.q_row_stride < p.num_heads * p.head_dim || p.max_q_len < 1 ||
       p.max_q_len * group > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
+  using prefill_internal::KvSource;
+  if (Gathers(p)) {
+    const prefill_internal::SplitWorkspace ws =
+        prefill_internal::CarveWorkspace(p, p.batch * p.max_kv_len);
+    TS_CUDA_RETURN_IF_ERROR(p.head_dim == 64 ? LaunchGather<64>(p, ws, stream)
+                                             : LaunchGather<128>(p, ws, stream));
+    return prefill_internal::PrefillAttentionGathered(p, ws, group, stream);
+  }
+  const prefill_internal::SplitWorkspace ws = prefill_internal::CarveWorkspace(p, 0);
   return p.kv_type == KvCacheType::kFp8E4M3
-             ? prefill_internal::PrefillAttentionFp8(p, group, stream)
-             : prefill_internal::DispatchPrefillDim<false>(p, group, stream);
+             ? prefill_internal::PrefillAttentionFp8(p, ws, group, stream)
+             : prefill_internal::DispatchPrefillDim<KvSource::kBf16Cache>(p, ws, group, stream);
 }
 
 cudaError_t SimplePrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream) {

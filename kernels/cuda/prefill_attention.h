@@ -17,6 +17,13 @@
 //
 // FP8 cache (kv_type = kFp8E4M3, kv_cache_type.h): K and V tiles are dequantized as they land;
 // the result is bit for bit the bf16 result over the dequantized cache.
+//
+// Short lists (PrefillGathersList: at most kPrefillGatherMaxEntries entries in all, more than one
+// query tile per KV head; a TokenSelect chunk's list) are gathered first: one pass writes every
+// entry's rotated key and its value as bf16 into the workspace, and the attention kernel reads
+// them contiguously instead of dequantizing and rotating every key once per query tile. The
+// gathered keys are the same bf16 values the tiles would hold, so the output is bit for bit the
+// same either way.
 #ifndef TOKENSELECT_KERNELS_CUDA_PREFILL_ATTENTION_H_
 #define TOKENSELECT_KERNELS_CUDA_PREFILL_ATTENTION_H_
 
@@ -29,6 +36,8 @@
 #include "kernels/cuda/kv_cache_type.h"
 
 namespace tokenselect::kernels::cuda {
+
+enum class PrefillGather { kAuto, kOff, kOn };
 
 struct PrefillAttentionParams {
   __nv_bfloat16* out = nullptr;            // [total_q, num_heads, head_dim] (packed rows)
@@ -53,19 +62,32 @@ struct PrefillAttentionParams {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;                // query head h uses kv head h / (num_heads / num_kv_heads)
   int64_t head_dim = 0;                    // 64 or 128
-  int64_t max_q_len = 0;                   // host-side bounds for the launch plan
-  int64_t max_kv_len = 0;
+  int64_t max_q_len = 0;                   // host-side bounds for the launch plan: every
+  int64_t max_kv_len = 0;                  // request's query count and list length
   int num_splits = 1;                      // from PlanPrefillSplits
   float scale = 0.0f;                      // softmax scale, usually 1 / sqrt(head_dim)
+  // Gather the lists first (kAuto: when PrefillGathersList says so; kOn / kOff force it, for
+  // tests and benchmarks). The tuned kernel only; the output does not depend on it.
+  PrefillGather gather = PrefillGather::kAuto;
 };
+
 
 // Host-side plan: KV-axis splits so that (query tiles x kv heads x requests x splits) fills
 // num_sms multiprocessors without ranges shorter than a few key tiles.
 int PlanPrefillSplits(int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t max_q_len,
                       int64_t max_kv_len, int num_sms);
 
-size_t PrefillAttentionWorkspaceBytes(int64_t total_q, int64_t num_heads, int64_t head_dim,
-                                      int num_splits);
+// Gathering pays when a list is short (its bf16 copy is small; 8192 entries x 8 KV heads x
+// head_dim 128 x K and V = 32 MiB) and read by several query tiles of a KV head (each would
+// rotate every key again).
+constexpr int64_t kPrefillGatherMaxEntries = 8192;
+bool PrefillGathersList(int64_t batch, int64_t num_heads, int64_t num_kv_heads,
+                        int64_t max_q_len, int64_t max_kv_len);
+
+// Workspace of a PrefillAttention launch with p's shapes (batch, total_q, num_heads,
+// num_kv_heads, head_dim, max_q_len, max_kv_len, num_splits, gather; no pointer is read): the
+// gathered lists, if any, and the split partials if num_splits > 1.
+size_t PrefillAttentionWorkspaceBytes(const PrefillAttentionParams& p);
 
 // cudaErrorInvalidValue for unsupported shapes (head_dim other than 64/128, group size other
 // than 1, 2, 4, 8) or null pointers; never synchronises.

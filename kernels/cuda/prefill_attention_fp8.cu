@@ -3,16 +3,19 @@
 // (ptxas -v: 8 bytes of spill stores and loads) at the 255-register limit that the bf16 kernel
 // fills exactly. The variants tried to avoid it (32-entry key tiles, the scales folded into Q
 // and O, other copy mappings, the scale read at other places) all spilled as much or more.
-// Its speed is not measured yet (docs/fp8_kv.md).
+// Short lists do not take it (prefill_attention.h: they are gathered first); bench_prefill_cuda
+// times it on a TokenSelect list of one TP=2 rank (16 / 4 heads): 83 us against 60 us gathered.
 #include "kernels/cuda/prefill_attention_kernel.cuh"
 
 namespace tokenselect::kernels::cuda::prefill_internal {
 
-cudaError_t PrefillAttentionFp8(const PrefillAttentionParams& p, int64_t group,
-                                cudaStream_t stream) {
-  return DispatchPrefillDim<true>(p, group, stream);
+cudaError_t PrefillAttentionFp8(const PrefillAttentionParams& p, const SplitWorkspace& ws,
+                                int64_t group, cudaStream_t stream) {
+  return DispatchPrefillDim<KvSource::kFp8Cache>(p, ws, group, stream);
 }
 
-cudaError_t ConfigurePrefillKernelsFp8() { return ConfigurePrefillKernels<true>(); }
+cudaError_t ConfigurePrefillKernelsFp8() {
+  return ConfigurePrefillKernels<KvSource::kFp8Cache>();
+}
 
 }  // namespace tokenselect::kernels::cuda::prefill_internal

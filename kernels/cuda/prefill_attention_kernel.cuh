@@ -112,6 +112,13 @@ __device__ __forceinline__ int Swz(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
+// Where the kernel's K and V tiles come from.
+enum class KvSource {
+  kBf16Cache,  // the bf16 cache by slot, keys rotated per tile
+  kFp8Cache,   // the e4m3 cache by slot, dequantized and rotated per tile
+  kGathered,   // GatherListKernel's rotated bf16 copy of the list (no work per tile)
+};
+
 template <int D, bool kFp8>
 constexpr size_t PrefillSmemBytes() {
   // + 256: the tiles start at a 256-byte boundary (see the ldmatrix addressing). FP8: one bf16
@@ -124,11 +131,18 @@ constexpr size_t PrefillSmemBytes() {
 struct SplitWorkspace {
   float* partial_out;  // [total_q * num_heads][num_splits][head_dim]
   float* partial_lse;  // [total_q * num_heads][num_splits], log2 domain
+  // KvSource::kGathered: the list's rotated keys and values, [num_kv_heads][capacity + kBN]
+  // [head_dim] bf16; list entry j of request b at row kv_indptr[b] + j, then kBN zero rows.
+  __nv_bfloat16* gathered_k;
+  __nv_bfloat16* gathered_v;
+  int64_t capacity;
 };
 
-template <int D, int G, bool kFp8>
+template <int D, int G, KvSource kSrc>
 __global__ void __launch_bounds__(kThreads, 2)
     PrefillKernel(PrefillAttentionParams p, SplitWorkspace ws) {
+  constexpr bool kFp8 = kSrc == KvSource::kFp8Cache;
+  constexpr bool kGathered = kSrc == KvSource::kGathered;
   constexpr int kChunks = D / 8;           // 16 B chunks per row
   constexpr int kHalfChunks = D / 16;      // chunks per rotate_half half
   constexpr int kQPerTile = kBM / G;       // queries per block
@@ -220,7 +234,25 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int j0 = sb + tile * kBN;
     const int c = tid % kChunks;
     const int32_t* slots = sSlot[tile % 3];
-    if constexpr (kFp8) {
+    if constexpr (kGathered) {
+      // Consecutive rows, not clamped at ke (one base pointer, immediate offsets): rows past ke
+      // are masked, and they exist and are finite (the next request's rows, or the zeroed pad
+      // after the last list).
+      const int64_t off =
+          (kv * (ws.capacity + kBN) + list_begin + j0 + tid / kChunks) * D + c * 8;
+      const __nv_bfloat16* gk = ws.gathered_k + off;
+      const __nv_bfloat16* gv = ws.gathered_v + off;
+      // kKeyStep is a multiple of 8, so a thread's rows share their swizzle: one shared address.
+      static_assert(kKeyStep % 8 == 0, "gathered copy: rows of one swizzle phase");
+      const uint32_t dst = SmemAddr(sK + buf * kBN * D + Swz<D>(tid / kChunks, c));
+      constexpr uint32_t kVBytes = kTileBufs * kBN * D * 2;  // sV - sK
+#pragma unroll
+      for (int u = 0; u < kCopyItems; ++u) {
+        CpAsync16(dst + u * kKeyStep * D * 2, gk + u * kKeyStep * D);
+        CpAsync16(dst + kVBytes + u * kKeyStep * D * 2, gv + u * kKeyStep * D);
+      }
+      return;
+    } else if constexpr (kFp8) {
       // 32-bit shared addresses: the kernel is at the register limit, and generic pointers of
       // the raw tiles made it spill.
       const int c8 = tid % kChunks8;
@@ -254,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
   if (num_tiles > 0) {
-    if (tid < kBN) {
+    if (!kGathered && tid < kBN) {
       sSlot[0][tid] = __ldg(p.kv_indices + list_begin + min(sb + tid, ke - 1));
       sSlot[1][tid] = __ldg(p.kv_indices + list_begin + min(sb + kBN + tid, ke - 1));
     }
@@ -342,10 +374,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       __syncthreads();
     }
-    // Rotate the landed K tile in place.
+    // Rotate the landed K tile in place (gathered keys are rotated already).
     // (Not unrolled: O and S own most registers; the other warps hide the load latency.)
 #pragma unroll 1
-    for (int u = 0; u < kRotItems; ++u) {
+    for (int u = 0; u < (kGathered ? 0 : kRotItems); ++u) {
       const int key = tid / kHalfChunks + u * kRotStep;
       uint4* lo = reinterpret_cast<uint4*>(kt + Swz<D>(key, hc));
       uint4* hi = reinterpret_cast<uint4*>(kt + Swz<D>(key, hc + kHalfChunks));
@@ -356,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       *lo = Pack8(x);
       *hi = Pack8(y);
     }
-    __syncthreads();
+    if constexpr (!kGathered) __syncthreads();
 
     // S = Q K^T for the warp's 32 rows x 64 keys: each K fragment serves both m16 tiles.
     float s[kMT][kNTiles][4];
@@ -532,37 +564,52 @@ __global__ void __launch_bounds__(256) PrefillMergeKernel(PrefillAttentionParams
 }
 
 // The kernel's shared-memory opt-in on the current device, once (kernel_attributes.h).
-template <int D, int G, bool kFp8>
+template <int D, int G, KvSource kSrc>
 cudaError_t ConfigurePrefill() {
   static std::atomic<uint64_t> done{0};
-  return OptInSharedMemoryOnce(PrefillKernel<D, G, kFp8>, PrefillSmemBytes<D, kFp8>(), &done);
+  return OptInSharedMemoryOnce(PrefillKernel<D, G, kSrc>,
+                               PrefillSmemBytes<D, kSrc == KvSource::kFp8Cache>(), &done);
 }
 
-template <bool kFp8>
+template <KvSource kSrc>
 cudaError_t ConfigurePrefillKernels() {
-  for (cudaError_t e : {ConfigurePrefill<64, 1, kFp8>(), ConfigurePrefill<64, 2, kFp8>(),
-                        ConfigurePrefill<64, 4, kFp8>(), ConfigurePrefill<64, 8, kFp8>(),
-                        ConfigurePrefill<128, 1, kFp8>(), ConfigurePrefill<128, 2, kFp8>(),
-                        ConfigurePrefill<128, 4, kFp8>(), ConfigurePrefill<128, 8, kFp8>()}) {
+  for (cudaError_t e : {ConfigurePrefill<64, 1, kSrc>(), ConfigurePrefill<64, 2, kSrc>(),
+                        ConfigurePrefill<64, 4, kSrc>(), ConfigurePrefill<64, 8, kSrc>(),
+                        ConfigurePrefill<128, 1, kSrc>(), ConfigurePrefill<128, 2, kSrc>(),
+                        ConfigurePrefill<128, 4, kSrc>(), ConfigurePrefill<128, 8, kSrc>()}) {
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
-template <int D, int G, bool kFp8>
-cudaError_t LaunchPrefill(const PrefillAttentionParams& p, cudaStream_t stream) {
-  SplitWorkspace ws{nullptr, nullptr};
-  if (p.num_splits > 1) {
-    ws.partial_out = static_cast<float*>(p.workspace);
-    ws.partial_lse = ws.partial_out + p.total_q * p.num_heads * p.num_splits * D;
+// The workspace's parts (prefill_attention.cu's PrefillAttentionWorkspaceBytes sizes them the
+// same way): the gathered K and V first (256-byte aligned), then the split partials.
+inline SplitWorkspace CarveWorkspace(const PrefillAttentionParams& p, int64_t capacity) {
+  SplitWorkspace ws{nullptr, nullptr, nullptr, nullptr, capacity};
+  char* at = static_cast<char*>(p.workspace);
+  if (capacity > 0) {
+    const int64_t elems = p.num_kv_heads * (capacity + kBN) * p.head_dim;
+    ws.gathered_k = reinterpret_cast<__nv_bfloat16*>(at);
+    ws.gathered_v = ws.gathered_k + elems;
+    at += (elems * 2 * 2 + 255) / 256 * 256;
   }
-  constexpr size_t kSmem = PrefillSmemBytes<D, kFp8>();
-  TS_CUDA_RETURN_IF_ERROR((ConfigurePrefill<D, G, kFp8>()));
+  if (p.num_splits > 1) {
+    ws.partial_out = reinterpret_cast<float*>(at);
+    ws.partial_lse = ws.partial_out + p.total_q * p.num_heads * p.num_splits * p.head_dim;
+  }
+  return ws;
+}
+
+template <int D, int G, KvSource kSrc>
+cudaError_t LaunchPrefill(const PrefillAttentionParams& p, const SplitWorkspace& ws,
+                          cudaStream_t stream) {
+  constexpr size_t kSmem = PrefillSmemBytes<D, kSrc == KvSource::kFp8Cache>();
+  TS_CUDA_RETURN_IF_ERROR((ConfigurePrefill<D, G, kSrc>()));
   const int64_t q_tiles = (p.max_q_len * G + kBM - 1) / kBM;
   const dim3 grid(static_cast<unsigned>(q_tiles),
                   static_cast<unsigned>(p.num_kv_heads * p.num_splits),
                   static_cast<unsigned>(p.batch));
-  PrefillKernel<D, G, kFp8><<<grid, kThreads, kSmem, stream>>>(p, ws);
+  PrefillKernel<D, G, kSrc><<<grid, kThreads, kSmem, stream>>>(p, ws);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   if (p.num_splits > 1) {
     const int64_t warps = p.total_q * p.num_heads;
@@ -573,33 +620,38 @@ cudaError_t LaunchPrefill(const PrefillAttentionParams& p, cudaStream_t stream) 
   return cudaSuccess;
 }
 
-template <int D, bool kFp8>
-cudaError_t DispatchPrefillGroup(const PrefillAttentionParams& p, int64_t group,
-                                 cudaStream_t stream) {
+template <int D, KvSource kSrc>
+cudaError_t DispatchPrefillGroup(const PrefillAttentionParams& p, const SplitWorkspace& ws,
+                                 int64_t group, cudaStream_t stream) {
   switch (group) {
-    case 1: return LaunchPrefill<D, 1, kFp8>(p, stream);
-    case 2: return LaunchPrefill<D, 2, kFp8>(p, stream);
-    case 4: return LaunchPrefill<D, 4, kFp8>(p, stream);
-    case 8: return LaunchPrefill<D, 8, kFp8>(p, stream);
+    case 1: return LaunchPrefill<D, 1, kSrc>(p, ws, stream);
+    case 2: return LaunchPrefill<D, 2, kSrc>(p, ws, stream);
+    case 4: return LaunchPrefill<D, 4, kSrc>(p, ws, stream);
+    case 8: return LaunchPrefill<D, 8, kSrc>(p, ws, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
-template <bool kFp8>
-cudaError_t DispatchPrefillDim(const PrefillAttentionParams& p, int64_t group,
-                               cudaStream_t stream) {
+template <KvSource kSrc>
+cudaError_t DispatchPrefillDim(const PrefillAttentionParams& p, const SplitWorkspace& ws,
+                               int64_t group, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64: return DispatchPrefillGroup<64, kFp8>(p, group, stream);
-    case 128: return DispatchPrefillGroup<128, kFp8>(p, group, stream);
+    case 64: return DispatchPrefillGroup<64, kSrc>(p, ws, group, stream);
+    case 128: return DispatchPrefillGroup<128, kSrc>(p, ws, group, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
-// The FP8 instantiations (prefill_attention_fp8.cu): DispatchPrefillDim<true>.
-cudaError_t PrefillAttentionFp8(const PrefillAttentionParams& p, int64_t group,
-                                cudaStream_t stream);
-// ConfigurePrefillKernels<true>, from the same file.
+// The FP8-cache instantiations (prefill_attention_fp8.cu): DispatchPrefillDim<kFp8Cache>.
+cudaError_t PrefillAttentionFp8(const PrefillAttentionParams& p, const SplitWorkspace& ws,
+                                int64_t group, cudaStream_t stream);
+// ConfigurePrefillKernels<kFp8Cache>, from the same file.
 cudaError_t ConfigurePrefillKernelsFp8();
+// The gathered-list instantiations (prefill_attention_gathered.cu): DispatchPrefillDim<kGathered>
+// and ConfigurePrefillKernels<kGathered>.
+cudaError_t PrefillAttentionGathered(const PrefillAttentionParams& p, const SplitWorkspace& ws,
+                                     int64_t group, cudaStream_t stream);
+cudaError_t ConfigurePrefillKernelsGathered();
 
 }  // namespace tokenselect::kernels::cuda::prefill_internal
 

@@ -360,11 +360,14 @@ TEST(Fp8AttentionTest, PrefillEqualsTheBf16KernelOverDequantizedValues) {
     p.max_kv_len = 900;
     p.num_splits = c.splits;
     p.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
-    DeviceBuffer<char> ws(std::max<size_t>(
-        1, PrefillAttentionWorkspaceBytes(103, c.heads, c.d, c.splits)));
+    // The tuned kernel with the list gathered first and without: all four the same bits.
+    p.gather = PrefillGather::kOn;
+    DeviceBuffer<char> ws(std::max<size_t>(1, PrefillAttentionWorkspaceBytes(p)));
     p.workspace = ws.get();
-    std::vector<uint16_t> outs[2];
-    for (int fp8 = 0; fp8 < 2; ++fp8) {
+    std::vector<uint16_t> outs[4];
+    for (int run = 0; run < (c.tuned ? 4 : 2); ++run) {
+      const int fp8 = run % 2;
+      p.gather = run < 2 ? PrefillGather::kOff : PrefillGather::kOn;
       DeviceBuffer<uint16_t> out(static_cast<size_t>(103 * c.heads * c.d));
       out.Poison();
       p.out = reinterpret_cast<__nv_bfloat16*>(out.get());
@@ -376,11 +379,15 @@ TEST(Fp8AttentionTest, PrefillEqualsTheBf16KernelOverDequantizedValues) {
       ASSERT_EQ(c.tuned ? PrefillAttention(p, nullptr) : SimplePrefillAttention(p, nullptr),
                 cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      outs[fp8] = out.Download();
+      outs[run] = out.Download();
     }
     SCOPED_TRACE(testing::Message() << "d " << c.d << " h " << c.heads << "/" << c.kv_heads
                                     << " splits " << c.splits);
     ExpectSameBits(outs[1], outs[0], "prefill attention");
+    if (c.tuned) {
+      ExpectSameBits(outs[2], outs[0], "prefill attention, gathered bf16 list");
+      ExpectSameBits(outs[3], outs[0], "prefill attention, gathered FP8 list");
+    }
     p.kv_type = KvCacheType::kFp8E4M3;
     p.k_scale = nullptr;
     EXPECT_EQ(c.tuned ? PrefillAttention(p, nullptr) : SimplePrefillAttention(p, nullptr),

@@ -27,6 +27,7 @@
 #include "engine/selection/cuda_selection.h"
 #include "engine/selection/selection_options.h"
 #include "engine/selection/selection_policy.h"
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/ops.h"
 #include "tests/gpu/cpu_oracle_test_util.h"
@@ -168,9 +169,12 @@ TEST_P(Fp8ModelTest, TracksTheCpuFp8OracleAndReportsGreedyAgainstBf16) {
   int first_diff = kNew;
   for (int i = 0; i < kNew; ++i) {
     std::vector<float> unused;
-    ASSERT_TRUE((*gpu)->Forward(i == 0 ? prompt : std::vector<int32_t>{out8.back()}, &unused).ok());
-    ASSERT_TRUE(
-        (*bf16)->Forward(i == 0 ? prompt : std::vector<int32_t>{out16.back()}, &unused).ok());
+    const absl::Status fp8_step =
+        (*gpu)->Forward(i == 0 ? prompt : std::vector<int32_t>{out8.back()}, &unused);
+    ASSERT_TRUE(fp8_step.ok()) << "step " << i << ": " << fp8_step;
+    const absl::Status bf16_step =
+        (*bf16)->Forward(i == 0 ? prompt : std::vector<int32_t>{out16.back()}, &unused);
+    ASSERT_TRUE(bf16_step.ok()) << "step " << i << ": " << bf16_step;
     out8.push_back((*gpu)->GreedyToken().value());
     out16.push_back((*bf16)->GreedyToken().value());
     if (first_diff == kNew && out8.back() != out16.back()) first_diff = i;

@@ -179,12 +179,25 @@ TEST_P(PrefillAttentionGpuTest, MatchesCpuGatherAttention) {
     variants.push_back(7);
   }
   variants.push_back(0);
+  // The tuned kernel runs each split count with and without the gathered list (forced either
+  // way; lists small enough that the gathered copy stays under ~64 MiB): the two outputs must be
+  // the same bits.
+  const bool try_gather = batch * max_kv_len * c.num_kv_heads * d * 4 <= (int64_t{64} << 20);
+  std::vector<uint16_t> ungathered;
+  std::vector<std::pair<int, PrefillGather>> runs;
   for (int splits : variants) {
+    if (splits == 0) {
+      runs.push_back({0, PrefillGather::kOff});
+      continue;
+    }
+    runs.push_back({splits, PrefillGather::kOff});
+    if (try_gather) runs.push_back({splits, PrefillGather::kOn});
+  }
+  for (const auto& [splits, gather] : runs) {
+    const bool gathered = gather == PrefillGather::kOn;
     SCOPED_TRACE(testing::Message() << (splits == 0 ? "simple" : "tuned") << " splits=" << splits
-                                    << " (planned " << planned << ")");
-    DeviceBuffer<char> ws(
-        PrefillAttentionWorkspaceBytes(total_q, c.num_heads, d, std::max(1, splits)));
-    ws.Poison();
+                                    << " (planned " << planned << ")"
+                                    << (gathered ? " gathered" : ""));
     d_out.Poison();
     PrefillAttentionParams p;
     p.out = reinterpret_cast<__nv_bfloat16*>(d_out.get());
@@ -199,7 +212,6 @@ TEST_P(PrefillAttentionGpuTest, MatchesCpuGatherAttention) {
     p.kv_indices = d_indices.get();
     p.kv_positions = d_positions.get();
     p.inv_freq = d_inv_freq.get();
-    p.workspace = ws.get();
     p.batch = batch;
     p.total_q = total_q;
     p.num_heads = c.num_heads;
@@ -209,6 +221,10 @@ TEST_P(PrefillAttentionGpuTest, MatchesCpuGatherAttention) {
     p.max_kv_len = max_kv_len;
     p.num_splits = std::max(1, splits);
     p.scale = scale;
+    p.gather = gather;
+    DeviceBuffer<char> ws(std::max<size_t>(1, PrefillAttentionWorkspaceBytes(p)));
+    ws.Poison();
+    p.workspace = ws.get();
     if (splits == 0) {
       ASSERT_EQ(SimplePrefillAttention(p, nullptr), cudaSuccess);
     } else {
@@ -216,6 +232,12 @@ TEST_P(PrefillAttentionGpuTest, MatchesCpuGatherAttention) {
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<uint16_t> out_bits = d_out.Download();
+    if (splits > 0 && !gathered) ungathered = out_bits;
+    if (gathered) {
+      int64_t differ = 0;
+      for (size_t i = 0; i < out_bits.size(); ++i) differ += out_bits[i] != ungathered[i];
+      EXPECT_EQ(differ, 0) << "gathered list: outputs differ from the ungathered run's bits";
+    }
     const int64_t per_row = c.num_heads * d;
     double worst_rel = 0.0;
     for (int64_t b = 0; b < batch; ++b) {
@@ -241,8 +263,8 @@ TEST_P(PrefillAttentionGpuTest, MatchesCpuGatherAttention) {
           << kv_indptr[b + 1] - kv_indptr[b] << " (" << zero_rows << " empty rows)";
       EXPECT_LE(e.max_err, 3e-2 * e.max_ref) << "request " << b;
     }
-    std::printf("  %s %s splits=%d: worst request rel L2 %.2e\n", c.name.c_str(),
-                splits == 0 ? "simple" : "tuned", splits, worst_rel);
+    std::printf("  %s %s splits=%d%s: worst request rel L2 %.2e\n", c.name.c_str(),
+                splits == 0 ? "simple" : "tuned", splits, gathered ? " gathered" : "", worst_rel);
   }
 }
 

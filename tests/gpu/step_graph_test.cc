@@ -288,5 +288,50 @@ TEST_P(PromptEndCaptureTest, FirstDecodeStepReplaysTheGraphCapturedAtThePromptsE
 
 INSTANTIATE_TEST_SUITE_P(Ranks, PromptEndCaptureTest, testing::Values(1, 2));
 
+// One GPU reserves the attention workspace as steps need it. A chunk whose list is gathered
+// (kernels/cuda/prefill_attention.h) after decode steps needs more than they reserved; the
+// captured step graph holds the old workspace's address, so growing it must drop the graph,
+// and the next decode step captures again and still equals the eager model bit for bit.
+TEST(StepGraphWorkspaceTest, GrowingTheWorkspaceDropsTheCapturedStep) {
+  GraphAndEager m;
+  ASSERT_TRUE(m.Make(1, /*seed=*/13, /*bucket=*/4096, /*first_sight=*/true,
+                     SelectionPolicyKind::kDense));
+  auto& models = m.models;
+  auto& seqs = m.seqs;
+  Providers* providers[2] = {m.providers[0].get(), m.providers[1].get()};
+  const std::vector<int32_t> prompt = gpu_test::Prompt(16 + kChunk, 5, m.config.vocab_size);
+  std::vector<float> logits[2];
+  int identical = 0, steps = 0;
+  auto decode = [&](int n) {
+    for (int step = 0; step < n; ++step, ++steps) {
+      auto next = models[1]->GreedyToken();
+      ASSERT_TRUE(next.ok()) << next.status();
+      const int32_t token = *next;
+      for (int i = 0; i < 2; ++i) {
+        const absl::Status st = models[i]->Forward(seqs[i].get(), absl::MakeConstSpan(&token, 1),
+                                                   providers[i]->ptrs, &logits[i]);
+        ASSERT_TRUE(st.ok()) << "step " << steps << ": " << st;
+      }
+      identical += logits[0] == logits[1] ? 1 : 0;
+    }
+  };
+  // 16 tokens (4 query heads per KV head: 64 rows, one query tile, not gathered), decode steps
+  // (captured), then a full chunk of kChunk tokens (256 rows: gathered), then decode again.
+  for (const auto& part : {absl::MakeConstSpan(prompt).first(16),
+                           absl::MakeConstSpan(prompt).subspan(16)}) {
+    for (int i = 0; i < 2; ++i) {
+      const absl::Status st = models[i]->Forward(seqs[i].get(), part, providers[i]->ptrs,
+                                                 &logits[i]);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    ASSERT_EQ(logits[0], logits[1]);
+    ASSERT_NO_FATAL_FAILURE(decode(4));
+  }
+  EXPECT_EQ(identical, steps);
+  const CudaModel::StepGraphCounts graphs = models[0]->shard(0)->step_graph_counts();
+  EXPECT_EQ(graphs.captures, 2) << "the chunk's larger workspace must force a new capture";
+  EXPECT_EQ(graphs.replays, 8);
+}
+
 }  // namespace
 }  // namespace tokenselect::engine
