@@ -11,7 +11,8 @@
 // would; its keys are the model's own. Contexts that do not fit a rank's free memory (weights +
 // KV + 8 GiB of slack) are skipped: 1M tokens of Llama-3-8B KV is 128 GiB, which needs >= 2 H200.
 //   bench_tp_cuda [--tp 1,2,4] [--contexts 131072,1048576] [--policies dense,tokenselect]
-//                 [--decode 16] [--chunks 3] [--graphs 1] [--theta 0.9] [--kv_dtype bf16|fp8]
+//                 [--decode 16] [--chunks 3] [--graphs 1] [--prefill_graphs 1] [--theta 0.9]
+//                 [--kv_dtype bf16|fp8]
 //                 [--invariant_shards 0|1|2|4]  (TP-invariant numerics, docs/parallel.md; the
 //                 TP sizes run must divide it)
 #include <cuda_runtime_api.h>
@@ -139,7 +140,7 @@ struct Row {
 // Everything for one TP size; appends its rows.
 absl::Status RunTp(int tp, KvCacheDType kv_dtype, int invariant_shards,
                    const std::vector<int64_t>& contexts, const std::vector<std::string>& policies,
-                   int64_t decode, int64_t chunks, bool graphs, double theta,
+                   int64_t decode, int64_t chunks, bool graphs, bool prefill_graphs, double theta,
                    std::vector<Row>* rows) {
   const ModelConfig config = Llama3_8BConfig();
   const int64_t L = config.num_layers, hidden = config.hidden_size;
@@ -178,6 +179,7 @@ absl::Status RunTp(int tp, KvCacheDType kv_dtype, int invariant_shards,
   options.model.max_chunk = 512;
   options.model.max_batch = 8;
   options.model.use_graphs = graphs;
+  options.model.graph_prefill_chunks = prefill_graphs;
   options.model.kv_dtype = kv_dtype;
   options.model.invariant_shards = invariant_shards;
   DummyWeightOptions dummy;
@@ -279,7 +281,7 @@ absl::Status RunTp(int tp, KvCacheDType kv_dtype, int invariant_shards,
 int Main(int argc, char** argv) {
   std::string tp_list = "1,2,4", context_list = "131072,1048576", policy_list = "dense,tokenselect";
   int64_t decode = 16, chunks = 3;
-  bool graphs = true;
+  bool graphs = true, prefill_graphs = true;
   double theta = 0.9;
   KvCacheDType kv_dtype = KvCacheDType::kBF16;
   int invariant_shards = 0;
@@ -292,6 +294,7 @@ int Main(int argc, char** argv) {
     if (flag == "--decode") decode = std::atoll(argv[i + 1]);
     if (flag == "--chunks") chunks = std::max<int64_t>(1, std::atoll(argv[i + 1]));
     if (flag == "--graphs") graphs = std::atoi(argv[i + 1]) != 0;
+    if (flag == "--prefill_graphs") prefill_graphs = std::atoi(argv[i + 1]) != 0;
     if (flag == "--theta") theta = std::atof(argv[i + 1]);
     if (flag == "--kv_dtype") {
       auto parsed = ParseKvCacheDType(argv[i + 1]);
@@ -310,9 +313,10 @@ int Main(int argc, char** argv) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf(
-      "devices: %d x %s; decode steps %lld, graphs %s, theta %.2f, KV cache %s, TP-invariant "
-      "shards %d\n",
-      devices, prop.name, static_cast<long long>(decode), graphs ? "on" : "off", theta,
+      "devices: %d x %s; decode steps %lld, graphs %s (prefill chunks %s), theta %.2f, KV cache "
+      "%s, TP-invariant shards %d\n",
+      devices, prop.name, static_cast<long long>(decode), graphs ? "on" : "off",
+      graphs && prefill_graphs ? "on" : "off", theta,
       KvCacheDTypeName(kv_dtype), invariant_shards);
   const std::vector<std::string> policies = ParseNames(policy_list);
   std::vector<Row> rows;
@@ -324,7 +328,7 @@ int Main(int argc, char** argv) {
     }
     const absl::Status st =
         RunTp(static_cast<int>(tp), kv_dtype, invariant_shards, ParseList(context_list), policies,
-              decode, chunks, graphs, theta, &rows);
+              decode, chunks, graphs, prefill_graphs, theta, &rows);
     if (!st.ok()) {
       std::printf("TP=%lld failed: %s\n", static_cast<long long>(tp), st.ToString().c_str());
       failed = true;

@@ -247,11 +247,15 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logit
 
 absl::Status CudaModel::RunSegment(int64_t segment, int64_t m, int64_t logits_rows) {
   Device& d = *dev_;
-  // Decode steps (every row is a sequence's one new token and gets logits) replay graphs.
-  if (!(options_.use_graphs && logits_rows == m && m <= options_.max_batch)) {
+  // Decode steps (every row is a sequence's one new token and gets logits) replay graphs, and
+  // so do full prefill chunks without logits (a prompt's chunks but its last; key -m).
+  const bool decode = logits_rows == m && m <= options_.max_batch;
+  const bool chunk = options_.graph_prefill_chunks && logits_rows == 0 &&
+                     m == options_.max_chunk && m > 1;
+  if (!(options_.use_graphs && (decode || chunk))) {
     return EnqueueSegment(segment, m, logits_rows);
   }
-  std::vector<cudaGraphExec_t>& execs = d.graphs[m];
+  std::vector<cudaGraphExec_t>& execs = d.graphs[decode ? m : -m];
   if (execs.empty()) execs.assign(static_cast<size_t>(config_.num_layers + 1), nullptr);
   cudaGraphExec_t& exec = execs[segment];
   if (exec == nullptr) {

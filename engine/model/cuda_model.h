@@ -64,6 +64,10 @@ struct CudaModelOptions {
   int64_t max_chunk = 512;    // most tokens per step (prefill chunk, or rows of a decode batch)
   int64_t max_batch = 64;     // most sequences per DecodeBatch (rows of logits kept)
   bool use_graphs = true;     // CUDA graphs for decode steps
+  // With use_graphs, also for the shape-static segments of full prefill chunks (max_chunk
+  // tokens, no logits: every chunk of a prompt but its last); selection and attention between
+  // them are launched one by one.
+  bool graph_prefill_chunks = true;
   // Cache lengths one capture of a whole decode step serves (cuda_model_step_graph.cc): a
   // sequence's step graph is captured again each time its length passes a multiple of this.
   int64_t step_graph_bucket = 16384;

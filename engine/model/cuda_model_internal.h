@@ -105,8 +105,8 @@ struct CudaModel::Device {
   std::vector<std::unique_ptr<CudaDenseAttention>> dense_rows;
   int num_sms = 0;
   bool tuned_attention = false;
-  // Decode-step graphs of segments 0..num_layers (see EnqueueSegment) per batch size m,
-  // captured on first use.
+  // Graphs of segments 0..num_layers (see EnqueueSegment), captured on first use: decode steps
+  // of m rows at key m, prefill chunks of max_chunk tokens without logits at key -max_chunk.
   std::map<int64_t, std::vector<cudaGraphExec_t>> graphs;
   // Whole decode steps as one graph (cuda_model_step_graph.cc): the rows' current cache lengths
   // [max_batch] int32 (copied in before each launch), the captured step and what it was captured

@@ -10,7 +10,9 @@
 //   - the providers' host statistics and the selection cache's device counters equal (the host
 //     bookkeeping of replayed steps, AccountReplay);
 //   - quest (host state per layer) never takes the graph path and still agrees;
-//   - with capture_on_first_sight the end of a prompt already captures the first decode step.
+//   - with capture_on_first_sight the end of a prompt already captures the first decode step;
+//   - a prompt's full chunks replayed as segment graphs give the eager prompt's logits;
+//   - a workspace grown after a capture drops the captured step.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -151,13 +153,16 @@ TEST_P(StepGraphTest, ReplayedStepsEqualEagerOnes) {
   // A prompt just under the budget, so that the first decode steps attend everything (no
   // device lengths for the selecting policies) and the later ones select.
   const std::vector<int32_t> prompt = gpu_test::Prompt(96, 7, m.config.vocab_size);
+  // The first chunk without logits: the graph model replays its segments as prefill-chunk
+  // graphs (CudaModelOptions::graph_prefill_chunks), the eager one launches them.
   std::vector<float> logits[2];
   for (int i = 0; i < 2; ++i) {
     for (size_t begin = 0; begin < prompt.size(); begin += kChunk) {
       const size_t len = std::min<size_t>(kChunk, prompt.size() - begin);
+      const bool last = begin + len == prompt.size();
       const absl::Status st = models[i]->Forward(
           seqs[i].get(), absl::MakeConstSpan(prompt).subspan(begin, len), providers[i]->ptrs,
-          &logits[i]);
+          last ? &logits[i] : nullptr);
       ASSERT_TRUE(st.ok()) << st;
     }
   }
