@@ -135,6 +135,19 @@ struct GraphAndEager {
     ADD_FAILURE() << status;
     return false;
   }
+  // One decode step of the eager model's greedy pick on both models; logits[i] gets model i's,
+  // `identical` counts the steps whose logits are the same bits.
+  void DecodeStep(int step, std::vector<float> logits[2], int* identical) {
+    auto next = models[1]->GreedyToken();
+    ASSERT_TRUE(next.ok()) << next.status();
+    const int32_t token = *next;
+    for (int i = 0; i < 2; ++i) {
+      const absl::Status st = models[i]->Forward(seqs[i].get(), absl::MakeConstSpan(&token, 1),
+                                                 providers[i]->ptrs, &logits[i]);
+      ASSERT_TRUE(st.ok()) << "step " << step << ": " << st;
+    }
+    *identical += logits[0] == logits[1] ? 1 : 0;
+  }
   ModelConfig config;
   std::unique_ptr<ModelWeights> weights;
   std::unique_ptr<TpCudaModel> models[2];
@@ -170,15 +183,7 @@ TEST_P(StepGraphTest, ReplayedStepsEqualEagerOnes) {
   int identical = 0;
   const int steps = 120;  // lengths 96 .. 215: buckets of 24 crossed 5 times
   for (int step = 0; step < steps; ++step) {
-    auto next = models[1]->GreedyToken();
-    ASSERT_TRUE(next.ok()) << next.status();
-    const int32_t token = *next;
-    for (int i = 0; i < 2; ++i) {
-      const absl::Status st = models[i]->Forward(seqs[i].get(), absl::MakeConstSpan(&token, 1),
-                                                 providers[i]->ptrs, &logits[i]);
-      ASSERT_TRUE(st.ok()) << "step " << step << ": " << st;
-    }
-    identical += logits[0] == logits[1] ? 1 : 0;
+    ASSERT_NO_FATAL_FAILURE(m.DecodeStep(step, logits, &identical));
   }
   EXPECT_EQ(identical, steps);
   const CudaModel::StepGraphCounts graphs = models[0]->shard(0)->step_graph_counts();
@@ -309,15 +314,7 @@ TEST(StepGraphWorkspaceTest, GrowingTheWorkspaceDropsTheCapturedStep) {
   int identical = 0, steps = 0;
   auto decode = [&](int n) {
     for (int step = 0; step < n; ++step, ++steps) {
-      auto next = models[1]->GreedyToken();
-      ASSERT_TRUE(next.ok()) << next.status();
-      const int32_t token = *next;
-      for (int i = 0; i < 2; ++i) {
-        const absl::Status st = models[i]->Forward(seqs[i].get(), absl::MakeConstSpan(&token, 1),
-                                                   providers[i]->ptrs, &logits[i]);
-        ASSERT_TRUE(st.ok()) << "step " << steps << ": " << st;
-      }
-      identical += logits[0] == logits[1] ? 1 : 0;
+      ASSERT_NO_FATAL_FAILURE(m.DecodeStep(steps, logits, &identical));
     }
   };
   // 16 tokens (4 query heads per KV head: 64 rows, one query tile, not gathered), decode steps
