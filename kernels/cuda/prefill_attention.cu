@@ -38,8 +38,9 @@
 // the same shared memory as bf16), and from there on it is the bf16 code (rotate, S, softmax,
 // P V): bit for bit the bf16 result over the dequantized cache. One extra barrier per tile.
 //
-// GatherListKernel<D, kFp8>: grid (entries / 32 or 64, kv head, request); writes entry j of request b's list
-// to row kv_indptr[b] + j of a [num_kv_heads][capacity][D] bf16 K and V: the key dequantized
+// GatherListKernel<D, kFp8>: grid (list entries / 32 or 64, kv head, request); writes entry j of
+// request b's list to row kv_indptr[b] + j of a [num_kv_heads][capacity + kBN][D] bf16 K and V
+// (capacity = batch x max_kv_len; kBN zero rows after the last list): the key dequantized
 // (FP8) and rotated at its position exactly as the attention kernel rotates a landed tile
 // (Rotate8 on the bf16 values, rounded to bf16), the value dequantized or copied; then
 // PrefillKernel<kGathered> runs the bf16 kernel's loop without the per-tile rotation (and the
@@ -100,7 +101,8 @@ __global__ void __launch_bounds__(kGatherThreads)
   const int kv = blockIdx.y, b = blockIdx.z;
   const int64_t list_begin = p.kv_indptr[b];
   const int len = static_cast<int>(p.kv_indptr[b + 1] - list_begin);
-  const int j = static_cast<int>(blockIdx.x) * kEntries + static_cast<int>(threadIdx.x) / kHalfChunks;
+  const int j =
+      static_cast<int>(blockIdx.x) * kEntries + static_cast<int>(threadIdx.x) / kHalfChunks;
   const int hc = static_cast<int>(threadIdx.x) % kHalfChunks;
   const int64_t row = kv * (ws.capacity + prefill_internal::kBN) + list_begin + j;
   if (j >= len) {
@@ -345,16 +347,8 @@ bool PrefillGathersList(int64_t batch, int64_t num_heads, int64_t num_kv_heads,
 }
 
 size_t PrefillAttentionWorkspaceBytes(const PrefillAttentionParams& p) {
-  size_t bytes = 0;
-  if (Gathers(p)) {
-    const int64_t elems = p.num_kv_heads * (p.batch * p.max_kv_len + kBN) * p.head_dim;
-    bytes += static_cast<size_t>(elems * 2 * 2 + 255) / 256 * 256;
-  }
-  if (p.num_splits > 1) {
-    bytes += static_cast<size_t>(p.total_q * p.num_heads * p.num_splits * (p.head_dim + 1)) *
-             sizeof(float);
-  }
-  return bytes;
+  return static_cast<size_t>((Gathers(p) ? prefill_internal::GatheredBytes(p) : 0) +
+                             prefill_internal::PartialBytes(p));
 }
 
 cudaError_t PrepareAttentionKernels() {
@@ -391,14 +385,13 @@ cudaError_t PrefillAttention(const PrefillAttentionParams& p, cudaStream_t strea
     return cudaErrorInvalidValue;
   }
   using prefill_internal::KvSource;
-  if (Gathers(p)) {
-    const prefill_internal::SplitWorkspace ws =
-        prefill_internal::CarveWorkspace(p, p.batch * p.max_kv_len);
+  const bool gathered = Gathers(p);
+  const prefill_internal::SplitWorkspace ws = prefill_internal::CarveWorkspace(p, gathered);
+  if (gathered) {
     TS_CUDA_RETURN_IF_ERROR(p.head_dim == 64 ? LaunchGather<64>(p, ws, stream)
                                              : LaunchGather<128>(p, ws, stream));
     return prefill_internal::PrefillAttentionGathered(p, ws, group, stream);
   }
-  const prefill_internal::SplitWorkspace ws = prefill_internal::CarveWorkspace(p, 0);
   return p.kv_type == KvCacheType::kFp8E4M3
              ? prefill_internal::PrefillAttentionFp8(p, ws, group, stream)
              : prefill_internal::DispatchPrefillDim<KvSource::kBf16Cache>(p, ws, group, stream);

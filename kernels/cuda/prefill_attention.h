@@ -71,7 +71,6 @@ struct PrefillAttentionParams {
   PrefillGather gather = PrefillGather::kAuto;
 };
 
-
 // Host-side plan: KV-axis splits so that (query tiles x kv heads x requests x splits) fills
 // num_sms multiprocessors without ranges shorter than a few key tiles.
 int PlanPrefillSplits(int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t max_q_len,

@@ -582,16 +582,26 @@ cudaError_t ConfigurePrefillKernels() {
   return cudaSuccess;
 }
 
-// The workspace's parts (prefill_attention.cu's PrefillAttentionWorkspaceBytes sizes them the
-// same way): the gathered K and V first (256-byte aligned), then the split partials.
-inline SplitWorkspace CarveWorkspace(const PrefillAttentionParams& p, int64_t capacity) {
-  SplitWorkspace ws{nullptr, nullptr, nullptr, nullptr, capacity};
+// The workspace's parts: the gathered K and V first (when `gathered`: capacity batch x
+// max_kv_len rows per KV head + kBN zero rows, 256-byte aligned), then the split partials.
+// PrefillAttentionWorkspaceBytes sizes them with the same two helpers.
+inline int64_t GatheredBytes(const PrefillAttentionParams& p) {
+  const int64_t elems = p.num_kv_heads * (p.batch * p.max_kv_len + kBN) * p.head_dim;
+  return (elems * 2 * 2 + 255) / 256 * 256;  // K and V, bf16
+}
+
+inline int64_t PartialBytes(const PrefillAttentionParams& p) {
+  return p.num_splits > 1 ? p.total_q * p.num_heads * p.num_splits * (p.head_dim + 1) * 4 : 0;
+}
+
+inline SplitWorkspace CarveWorkspace(const PrefillAttentionParams& p, bool gathered) {
+  SplitWorkspace ws{nullptr, nullptr, nullptr, nullptr, 0};
   char* at = static_cast<char*>(p.workspace);
-  if (capacity > 0) {
-    const int64_t elems = p.num_kv_heads * (capacity + kBN) * p.head_dim;
+  if (gathered) {
+    ws.capacity = p.batch * p.max_kv_len;
     ws.gathered_k = reinterpret_cast<__nv_bfloat16*>(at);
-    ws.gathered_v = ws.gathered_k + elems;
-    at += (elems * 2 * 2 + 255) / 256 * 256;
+    ws.gathered_v = ws.gathered_k + p.num_kv_heads * (ws.capacity + kBN) * p.head_dim;
+    at += GatheredBytes(p);
   }
   if (p.num_splits > 1) {
     ws.partial_out = reinterpret_cast<float*>(at);
