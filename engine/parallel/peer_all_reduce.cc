@@ -16,7 +16,6 @@ namespace {
 
 using kernels::cuda::CudaStatus;
 using kernels::cuda::kPeerBlocks;
-using kernels::cuda::kPeerFlagWords;
 using kernels::cuda::kPeerMaxRanks;
 
 // TS_TP_PEER_MAX_BYTES, or the default: 8 MiB on 2 GPUs, none on more (measured on 4 x H200,
@@ -95,15 +94,13 @@ absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::Create(
   RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&abort_device, abort_word, 0),
                              "cudaHostGetDevicePointer"));
 
-  // Per rank: the receive area, then the flags, then the epochs, then the small receive area
-  // and its counters.
+  // Per rank: the two areas' call counters, then the receive area, then the small one.
+  const int64_t counter_bytes = 2 * int64_t{kPeerBlocks} * 4;
+  const int64_t recv_offset = (counter_bytes + 255) / 256 * 256;
   const int64_t recv_bytes = 2 * n * slot_bytes;
-  const int64_t flag_bytes = int64_t{kPeerFlagWords} * 4;
-  const int64_t epoch_bytes = int64_t{kPeerBlocks} * 4;
   const int64_t small_slot_bytes = SmallSlotBytes(slot_bytes);
-  const int64_t small_bytes = 2 * n * small_slot_bytes;
-  const int64_t small_offset = recv_bytes + flag_bytes + 2 * epoch_bytes;
-  const int64_t total = small_offset + small_bytes;
+  const int64_t small_offset = recv_offset + recv_bytes;
+  const int64_t total = small_offset + 2 * n * small_slot_bytes;
   for (int r = 0; r < n; ++r) {
     RETURN_IF_ERROR(CudaStatus(cudaSetDevice(devices[r]), "cudaSetDevice"));
     for (int p = 0; p < n; ++p) {
@@ -117,15 +114,13 @@ absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::Create(
     }
     RETURN_IF_ERROR(CudaStatus(cudaMalloc(&group->buffers_[r], static_cast<size_t>(total)),
                                "cudaMalloc (peer all-reduce buffers)"));
-    // Flags and both epoch arrays start at 0 (receive slots need no initial value), every
-    // byte of the small receive area at the marker.
+    // The counters start at 0, every byte of both receive areas at the marker.
     unsigned char* base = static_cast<unsigned char*>(group->buffers_[r]);
+    RETURN_IF_ERROR(CudaStatus(cudaMemset(base, 0, static_cast<size_t>(recv_offset)),
+                               "cudaMemset (peer all-reduce counters)"));
     RETURN_IF_ERROR(CudaStatus(
-        cudaMemset(base + recv_bytes, 0, static_cast<size_t>(small_offset - recv_bytes)),
-        "cudaMemset (peer all-reduce flags)"));
-    RETURN_IF_ERROR(CudaStatus(
-        cudaMemset(base + small_offset, 0xff, static_cast<size_t>(small_bytes)),
-        "cudaMemset (peer all-reduce small slots)"));
+        cudaMemset(base + recv_offset, 0xff, static_cast<size_t>(total - recv_offset)),
+        "cudaMemset (peer all-reduce receive areas)"));
     RETURN_IF_ERROR(CudaStatus(kernels::cuda::PeerAllReducePrepare(), "peer all-reduce kernels"));
     RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "peer all-reduce set-up"));
   }
@@ -133,17 +128,15 @@ absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::Create(
   for (int r = 0; r < n; ++r) {
     kernels::cuda::PeerAllReduceView& v = group->views_[r];
     for (int p = 0; p < n; ++p) {
-      unsigned char* base = static_cast<unsigned char*>(group->buffers_[p]);
-      v.recv[p] = base;
-      v.flags[p] = reinterpret_cast<uint32_t*>(base + recv_bytes);
+      v.recv[p] = static_cast<unsigned char*>(group->buffers_[p]) + recv_offset;
     }
     unsigned char* own = static_cast<unsigned char*>(group->buffers_[r]);
-    v.epochs = reinterpret_cast<uint32_t*>(own + recv_bytes + flag_bytes);
+    v.epochs = reinterpret_cast<uint32_t*>(own);
     if (small_slot_bytes > 0) {
       for (int p = 0; p < n; ++p) {
         v.small[p] = static_cast<unsigned char*>(group->buffers_[p]) + small_offset;
       }
-      v.small_epochs = reinterpret_cast<uint32_t*>(own + recv_bytes + flag_bytes + epoch_bytes);
+      v.small_epochs = reinterpret_cast<uint32_t*>(own) + kPeerBlocks;
       v.small_slot_bytes = small_slot_bytes;
     }
     v.abort = static_cast<const volatile int*>(abort_device);

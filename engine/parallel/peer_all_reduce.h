@@ -1,19 +1,20 @@
-// The buffers of a peer-memory all-reduce group (kernels/cuda/peer_all_reduce.h): per GPU a
-// receive area (2 parities x one slot per rank), a flag array and the blocks' epoch counters,
-// the same for the small-message (marker) protocol, plus one host-mapped abort word shared by
-// the group. NcclTensorParallel sends a collective
-// here instead of to NCCL when its message fits (docs/parallel.md; bench_allreduce_cuda on
-// 2 x H200: 4 MiB, the soft vote over 1M tokens, 19.7 us against NCCL's 32.3; 8 MiB, a
-// 512-token chunk's residual, 33.3 against 45.6; 16 KiB, a decode step's residual, 2.9 us
-// against 6.7 through the marker protocol). With 2 ranks a sum of two values does not depend on
-// the order, so the results are bitwise NCCL's.
+// The buffers of a peer-memory all-reduce group (kernels/cuda/peer_all_reduce.h): per GPU the
+// two areas' per-block call counters and receive areas (2 parities x one slot per rank, every
+// word at the marker between calls: a large one for messages up to the push limit, a small one
+// for decode's), plus one host-mapped abort word shared by the group. NcclTensorParallel sends
+// a collective here instead of to NCCL when its message fits (docs/parallel.md;
+// bench_allreduce_cuda on 2 x H200, fifteenth session: 4 MiB, the soft vote over 1M tokens,
+// 15.8 us against NCCL's 32.4; 8 MiB, a 512-token chunk's residual, 28.0 against 46.0; 16 KiB,
+// a decode step's residual, 2.9 us against 6.7 in the small area). With 2 ranks a sum of two
+// values does not depend on the order, so the results are bitwise NCCL's.
 //
 // Environment: TS_TP_ALLREDUCE=nccl sends everything to NCCL (for comparisons);
 // TS_TP_PEER_MAX_BYTES=N caps the bytes one call pushes to its peers, message bytes x (ranks -
-// 1); TS_TP_PEER_SMALL_BYTES=N the largest message of the marker protocol (default
-// kDefaultSmallBytes; 0: none). Default: 8 MiB on 2 GPUs; on more GPUs the group is off (on 4 x H200 it was no faster
-// than NCCL for small messages and slower from 256 KiB, and its rank-order sums differ from
-// NCCL's ring in the last bits, which changes near-tie selections against earlier runs).
+// 1); TS_TP_PEER_SMALL_BYTES=N the largest message of the small area (default
+// kDefaultSmallBytes; 0: none). Default: 8 MiB on 2 GPUs; on more GPUs the group is off (on
+// 4 x H200, eighth session, it was no faster than NCCL for small messages and slower from
+// 256 KiB, and its rank-order sums differ from NCCL's ring in the last bits, which changes
+// near-tie selections against earlier runs).
 #ifndef TOKENSELECT_ENGINE_PARALLEL_PEER_ALL_REDUCE_H_
 #define TOKENSELECT_ENGINE_PARALLEL_PEER_ALL_REDUCE_H_
 
@@ -55,7 +56,7 @@ class PeerAllReduceGroup {
   PeerAllReduceGroup() = default;
 
   std::vector<int> devices_;
-  // Per rank: receive area, flags, epochs, small-call epochs, small receive area.
+  // Per rank: call counters, receive area, small receive area.
   std::vector<void*> buffers_;
   std::vector<kernels::cuda::PeerAllReduceView> views_;
   volatile int* abort_ = nullptr;  // pinned, mapped host memory

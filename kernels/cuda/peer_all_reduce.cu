@@ -1,11 +1,9 @@
 // Peer-memory all-reduce (peer_all_reduce.h has the protocol and why it needs no closing
-// barrier). Block b owns the same slice of `data` on every rank: 16-byte vectors when `data` is
-// 16-byte aligned (the tail after the last whole vector goes to the last block), else single
-// elements. Memory ordering: each thread's remote stores, then its fence.acq_rel.sys, then the
-// block barrier, then thread 0's st.release.sys of the flag in each peer; the waiting side's
-// thread 0 reads its flags with ld.acquire.sys, then the block barrier, then every thread loads
-// the received slices with ld.global.cg (not through L1, which could hold lines from an
-// earlier call of the same parity).
+// barrier). Block b of a grid owns the same range of `data` on every rank: 16-byte vectors when
+// `data` is 16-byte aligned (the tail after the last whole vector goes to the last block), else
+// single elements; thread t of the block takes every blockDim-th unit of the range, one per
+// step. Pushes are volatile stores into the peers' memory, polls volatile loads of this rank's
+// receive slots (never through L1, which could hold lines of an earlier call).
 #include "kernels/cuda/peer_all_reduce.h"
 
 #include <cuda_runtime.h>
@@ -16,20 +14,6 @@
 
 namespace tokenselect::kernels::cuda {
 namespace {
-
-__device__ __forceinline__ void StoreRelease(uint32_t* address, uint32_t value) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;\n" ::"l"(address), "r"(value) : "memory");
-}
-
-__device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* address) {
-  uint32_t value;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
-  return value;
-}
-
-__device__ __forceinline__ void FenceSystem() {
-  asm volatile("fence.acq_rel.sys;\n" ::: "memory");
-}
 
 // 16 bytes of T.
 template <typename T>
@@ -59,21 +43,6 @@ __device__ __forceinline__ void BlockRange(int64_t units, int64_t* begin, int64_
   *end = min(units, *begin + per);
 }
 
-// Pushes [begin, end) of `src` (units of U) into every peer's slot for this rank.
-template <typename U>
-__device__ __forceinline__ void Push(const U* src, int64_t begin, int64_t end,
-                                     const PeerAllReduceView& v, int parity) {
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const U x = src[i];
-    for (int p = 0; p < v.size; ++p) {
-      if (p == v.rank) continue;
-      U* slot = reinterpret_cast<U*>(
-          v.recv[p] + (static_cast<int64_t>(parity) * v.size + v.rank) * v.slot_bytes);
-      slot[i] = x;
-    }
-  }
-}
-
 // The ranks' values in the summation order every rank uses: rank order, except that 4 ranks add
 // in pairs, (r0 + r1) + (r2 + r3), the binary tree of TP-invariant numerics (docs/parallel.md);
 // 2 ranks: r0 + r1 either way. `pending` holds r2 until r3 arrives.
@@ -90,85 +59,7 @@ __device__ __forceinline__ void Accumulate(U* acc, U* pending, int p, int size, 
   }
 }
 
-// data[i] = sum over ranks (Accumulate's order), for i in [begin, end) (units of U).
-template <typename U>
-__device__ __forceinline__ void SumInto(U* data, int64_t begin, int64_t end,
-                                        const PeerAllReduceView& v, int parity) {
-  const unsigned char* mine = v.recv[v.rank] +
-                              static_cast<int64_t>(parity) * v.size * v.slot_bytes;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const U own = data[i];
-    U acc = own, pending = own;
-    for (int p = 0; p < v.size; ++p) {
-      const U x =
-          p == v.rank ? own : __ldcg(reinterpret_cast<const U*>(mine + p * v.slot_bytes) + i);
-      Accumulate(&acc, &pending, p, v.size, x);
-    }
-    data[i] = acc;
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kPeerThreads)
-    PeerAllReduceKernel(T* data, int64_t count, PeerAllReduceView v, const int32_t* skip) {
-  if (skip != nullptr && *skip != 0) return;  // on every rank alike: epochs stay in step
-  using V = typename Vec<T>::Type;
-  constexpr int kPerVec = sizeof(V) / sizeof(T);
-  __shared__ uint32_t s_epoch;
-  __shared__ int s_aborted;
-  const int b = blockIdx.x;
-  if (threadIdx.x == 0) {
-    s_epoch = v.epochs[b] + 1;
-    s_aborted = 0;
-  }
-  __syncthreads();
-  const uint32_t epoch = s_epoch;
-  const int parity = static_cast<int>(epoch & 1u);
-
-  const bool vectors = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
-  const int64_t units = vectors ? count / kPerVec : count;
-  int64_t begin, end;
-  BlockRange(units, &begin, &end);
-  // Vectors: the last block also takes the tail of fewer than kPerVec elements.
-  const int64_t tail_begin = vectors && b == kPeerBlocks - 1 ? units * kPerVec : count;
-
-  if (vectors) {
-    Push(reinterpret_cast<const V*>(data), begin, end, v, parity);
-  } else {
-    Push(data, begin, end, v, parity);
-  }
-  Push(data, tail_begin, count, v, parity);
-  FenceSystem();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int p = 0; p < v.size; ++p) {
-      if (p != v.rank) StoreRelease(v.flags[p] + b * kPeerMaxRanks + v.rank, epoch);
-    }
-    const uint32_t* mine = v.flags[v.rank] + b * kPeerMaxRanks;
-    for (int p = 0; p < v.size && !s_aborted; ++p) {
-      if (p == v.rank) continue;
-      uint32_t spins = 0;
-      while (static_cast<int32_t>(LoadAcquire(mine + p) - epoch) < 0) {
-        if (v.abort != nullptr && (++spins & 1023u) == 0 && *v.abort != 0) {
-          s_aborted = 1;
-          break;
-        }
-      }
-    }
-  }
-  __syncthreads();
-  if (s_aborted) return;
-  if (vectors) {
-    SumInto(reinterpret_cast<V*>(data), begin, end, v, parity);
-  } else {
-    SumInto(data, begin, end, v, parity);
-  }
-  SumInto(data, tail_begin, count, v, parity);
-  if (threadIdx.x == 0) v.epochs[b] = epoch;
-}
-
-// The marker protocol (peer_all_reduce.h) for small messages: the marker and canonical NaN
-// bits of T.
+// The marker and canonical NaN bits of T.
 template <typename T>
 struct Bits;
 template <>
@@ -258,28 +149,40 @@ __device__ __forceinline__ double2 LoadVolatile(const double2* ptr) {
   return v;
 }
 
-// Steps 1-3 of the marker protocol for units [begin, end) of U. Returns false when `abort`
-// ended a wait.
+// One area of a view: where this call's values go and come from.
+struct Area {
+  unsigned char* const* slots;  // [rank]: the rank's receive area
+  uint32_t* counters;           // this rank's per-block call counts
+  int64_t slot_bytes;
+};
+
+// The protocol's steps for units [begin, end) of U: thread t pushes unit begin + t + s * blockDim
+// at step s, then sums the unit it pushed at step s - 1. Returns false when `abort` ended a wait.
 template <typename U>
-__device__ __forceinline__ bool SmallExchange(U* data, int64_t begin, int64_t end,
-                                              const PeerAllReduceView& v, int parity) {
-  const int64_t slot = v.small_slot_bytes;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const U x = Sanitize(data[i]);
-    for (int p = 0; p < v.size; ++p) {
-      if (p == v.rank) continue;
-      U* dst = reinterpret_cast<U*>(v.small[p] + (parity * v.size + v.rank) * slot);
-      StoreVolatile(dst + i, x);
+__device__ __forceinline__ bool Exchange(U* data, int64_t begin, int64_t end,
+                                         const PeerAllReduceView& v, const Area& area,
+                                         int parity) {
+  const int64_t slot = area.slot_bytes;
+  unsigned char* mine = area.slots[v.rank] + static_cast<int64_t>(parity) * v.size * slot;
+  const int64_t step = blockDim.x;
+  for (int64_t i = begin + threadIdx.x;; i += step) {
+    if (i < end) {
+      const U x = Sanitize(data[i]);
+      for (int p = 0; p < v.size; ++p) {
+        if (p == v.rank) continue;
+        U* dst = reinterpret_cast<U*>(area.slots[p] + (parity * v.size + v.rank) * slot);
+        StoreVolatile(dst + i, x);
+      }
     }
-  }
-  unsigned char* mine = v.small[v.rank] + static_cast<int64_t>(parity) * v.size * slot;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const U own = Sanitize(data[i]);
+    const int64_t j = i - step;  // pushed at the previous step
+    if (j >= end) break;
+    if (j < begin) continue;
+    const U own = Sanitize(data[j]);
     U acc = own, pending = own;
     for (int p = 0; p < v.size; ++p) {
       U x = own;
       if (p != v.rank) {
-        U* src = reinterpret_cast<U*>(mine + p * slot) + i;
+        U* src = reinterpret_cast<U*>(mine + p * slot) + j;
         uint32_t spins = 0;
         for (x = LoadVolatile(src); !Arrived(x); x = LoadVolatile(src)) {
           if (v.abort != nullptr && (++spins & 1023u) == 0 && *v.abort != 0) return false;
@@ -288,20 +191,24 @@ __device__ __forceinline__ bool SmallExchange(U* data, int64_t begin, int64_t en
       }
       Accumulate(&acc, &pending, p, v.size, x);
     }
-    data[i] = acc;
+    data[j] = acc;
   }
   return true;
 }
 
-// No __launch_bounds__: with it ptxas capped this kernel at 32 registers and spilled (sm_80).
-template <typename T>
-__global__ void PeerAllReduceSmallKernel(T* data, int64_t count, PeerAllReduceView v,
-                                         const int32_t* skip) {
+// kSmall: the small area and grid, else the large ones. The large kernel's bound keeps it at
+// most 64 registers for its 1024 threads; the small one has none (with __launch_bounds__(128)
+// ptxas once capped an earlier version at 32 registers and spilled on sm_80).
+template <typename T, bool kSmall>
+__device__ __forceinline__ void AllReduce(T* data, int64_t count, const PeerAllReduceView& v,
+                                          const int32_t* skip) {
   if (skip != nullptr && *skip != 0) return;  // on every rank alike: counts stay in step
+  const Area area = kSmall ? Area{v.small, v.small_epochs, v.small_slot_bytes}
+                           : Area{v.recv, v.epochs, v.slot_bytes};
   using V = typename Vec<T>::Type;
   constexpr int kPerVec = sizeof(V) / sizeof(T);
   const int b = blockIdx.x;
-  const uint32_t epoch = v.small_epochs[b] + 1;
+  const uint32_t epoch = area.counters[b] + 1;
   const int parity = static_cast<int>(epoch & 1u);
   const bool vectors = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
   const int64_t units = vectors ? count / kPerVec : count;
@@ -309,11 +216,23 @@ __global__ void PeerAllReduceSmallKernel(T* data, int64_t count, PeerAllReduceVi
   BlockRange(units, &begin, &end);
   const int64_t tail_begin = vectors && b == static_cast<int>(gridDim.x) - 1 ? units * kPerVec
                                                                              : count;
-  bool done = vectors ? SmallExchange(reinterpret_cast<V*>(data), begin, end, v, parity)
-                      : SmallExchange(data, begin, end, v, parity);
-  if (done) done = SmallExchange(data, tail_begin, count, v, parity);
+  bool done = vectors ? Exchange(reinterpret_cast<V*>(data), begin, end, v, area, parity)
+                      : Exchange(data, begin, end, v, area, parity);
+  if (done) done = Exchange(data, tail_begin, count, v, area, parity);
   __syncthreads();  // every thread has read the counter before it moves on
-  if (threadIdx.x == 0) v.small_epochs[b] = epoch;
+  if (threadIdx.x == 0) area.counters[b] = epoch;
+}
+
+template <typename T>
+__global__ void PeerAllReduceSmallKernel(T* data, int64_t count, PeerAllReduceView v,
+                                         const int32_t* skip) {
+  AllReduce<T, true>(data, count, v, skip);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kPeerThreads)
+    PeerAllReduceKernel(T* data, int64_t count, PeerAllReduceView v, const int32_t* skip) {
+  AllReduce<T, false>(data, count, v, skip);
 }
 
 template <typename T>

@@ -1,5 +1,5 @@
 // The peer-memory all-reduce (kernels/cuda/peer_all_reduce.h, engine/parallel/peer_all_reduce.h) on
-// 2 and 4 GPUs, both protocols (flags; the marker protocol of small messages): sums equal to the
+// 2 and 4 GPUs, both areas and grids (large messages; small ones): sums equal to the
 // host's sums in the kernel's order (rank order; 4 ranks in pairs) bit for bit on every rank, for
 // odd sizes, unaligned pointers, doubles, many calls in flight without a host sync (ranks started
 // out of step), CUDA-graph replays with changing inputs, calls skipped by a device flag, values
@@ -302,40 +302,46 @@ TEST_P(PeerAllReduceTest, SkippedCallsChangeNothing) {
   }
 }
 
-// A value whose bits are the marker protocol's empty marker (all bits set: a NaN) arrives as the
+// A value whose bits are the protocol's empty marker (all bits set: a NaN) arrives as the
 // canonical NaN on every rank, own values included; the next calls through the same slots are
-// exact (no marker left behind, none mistaken for data).
+// exact (no marker left behind, none mistaken for data). In both areas.
 TEST_P(PeerAllReduceTest, MarkerBitsArriveAsNaNAndLeaveTheSlotsClean) {
-  constexpr int64_t kCount = 1000;
   constexpr int kCalls = 6;  // 0, 2, 4 carry markers; 1, 3, 5 are ordinary
-  const auto got = RunCalls(
-      kCalls, kCount,
-      [](int c, int r, int64_t i) {
-        return c % 2 == 0 && i % 7 == r ? 0xffffffffu : BitsOf(Input<float>(c, r, i));
-      },
-      [&](int c, int r, float* data, const int32_t*, cudaStream_t s) {
-        return PeerAllReduceSum(data, kCount, group_->view(r), s);
-      });
-  for (int c = 0; c < kCalls; ++c) {
-    const std::vector<float> sums = Expected<float>(c, n_, kCount);
-    for (int r = 0; r < n_; ++r) {
-      int wrong = 0;
-      for (int64_t i = 0; i < kCount; ++i) {
-        const uint32_t want = c % 2 == 0 && i % 7 < n_ ? 0x7fffffffu : BitsOf(sums[i]);
-        wrong += got[r][c][i] != want;
+  const int64_t small_floats = group_->view(0).small_slot_bytes / 4;
+  for (const int64_t count : {int64_t{1000}, 4 * small_floats + 3}) {
+    SCOPED_TRACE(count);
+    const auto got = RunCalls(
+        kCalls, count,
+        [](int c, int r, int64_t i) {
+          return c % 2 == 0 && i % 7 == r ? 0xffffffffu : BitsOf(Input<float>(c, r, i));
+        },
+        [&](int c, int r, float* data, const int32_t*, cudaStream_t s) {
+          return PeerAllReduceSum(data, count, group_->view(r), s);
+        });
+    for (int c = 0; c < kCalls; ++c) {
+      const std::vector<float> sums = Expected<float>(c, n_, count);
+      for (int r = 0; r < n_; ++r) {
+        int wrong = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          const uint32_t want = c % 2 == 0 && i % 7 < n_ ? 0x7fffffffu : BitsOf(sums[i]);
+          wrong += got[r][c][i] != want;
+        }
+        EXPECT_EQ(wrong, 0) << "call " << c << " rank " << r;
       }
-      EXPECT_EQ(wrong, 0) << "call " << c << " rank " << r;
     }
   }
 }
 
+// In both areas: 16 KiB (small) and 4 MiB.
 TEST_P(PeerAllReduceTest, AbortEndsTheWaitForARankThatNeverComes) {
   cudaSetDevice(0);
+  constexpr int64_t kMaxCount = int64_t{1} << 20;
   float* data = nullptr;
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&data), 4096 * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&data), kMaxCount * 4), cudaSuccess);
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   ASSERT_EQ(PeerAllReduceSum(data, 4096, group_->view(0), s), cudaSuccess);
+  ASSERT_EQ(PeerAllReduceSum(data, kMaxCount, group_->view(0), s), cudaSuccess);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "rank 0 should still be waiting";
   const auto start = std::chrono::steady_clock::now();
@@ -344,7 +350,7 @@ TEST_P(PeerAllReduceTest, AbortEndsTheWaitForARankThatNeverComes) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 5.0);
-  printf("abort ended the wait after %.3f s\n", seconds);
+  printf("abort ended the waits after %.3f s\n", seconds);
   cudaStreamDestroy(s);
   cudaFree(data);
 }
