@@ -332,16 +332,18 @@ TEST_P(PeerAllReduceTest, MarkerBitsArriveAsNaNAndLeaveTheSlotsClean) {
   }
 }
 
-// In both areas: 16 KiB (small) and 4 MiB.
+// In both areas: 16 KiB (small) and the largest message (the slot: 8 MiB on 2 GPUs, a third of
+// it on 4). The large call is launched first: a refused launch must not leave a waiting kernel
+// behind the test's back.
 TEST_P(PeerAllReduceTest, AbortEndsTheWaitForARankThatNeverComes) {
   cudaSetDevice(0);
-  constexpr int64_t kMaxCount = int64_t{1} << 20;
+  const int64_t max_count = group_->view(0).slot_bytes / 4;
   float* data = nullptr;
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&data), kMaxCount * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&data), max_count * 4), cudaSuccess);
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(PeerAllReduceSum(data, max_count, group_->view(0), s), cudaSuccess);
   ASSERT_EQ(PeerAllReduceSum(data, 4096, group_->view(0), s), cudaSuccess);
-  ASSERT_EQ(PeerAllReduceSum(data, kMaxCount, group_->view(0), s), cudaSuccess);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "rank 0 should still be waiting";
   const auto start = std::chrono::steady_clock::now();
