@@ -4,8 +4,8 @@
 // for decode's), plus one host-mapped abort word shared by the group. NcclTensorParallel sends
 // a collective here instead of to NCCL when its message fits (docs/parallel.md;
 // bench_allreduce_cuda on 2 x H200, fifteenth session: 4 MiB, the soft vote over 1M tokens,
-// 15.8 us against NCCL's 32.4; 8 MiB, a 512-token chunk's residual, 28.0 against 46.0; 16 KiB,
-// a decode step's residual, 2.9 us against 6.7 in the small area). With 2 ranks a sum of two
+// 15.6 us against NCCL's 32.4; 8 MiB, a 512-token chunk's residual, 27.5 against 46.0; 16 KiB,
+// a decode step's residual, 3.3 us against 6.7 in the small area). With 2 ranks a sum of two
 // values does not depend on the order, so the results are bitwise NCCL's.
 //
 // Environment: TS_TP_ALLREDUCE=nccl sends everything to NCCL (for comparisons);

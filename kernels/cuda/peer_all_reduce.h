@@ -31,7 +31,7 @@
 // make the same calls in the same order with the same counts, and each rank issues them on one
 // stream (or orders them); an element count fits the slot (PeerAllReduceView::slot_bytes).
 // Measured (bench_allreduce_cuda --tp 2, 2 x H200, fifteenth session, docs/parallel.md): 8 MiB
-// 28.0 us against 34.6 for the flags-and-fences protocol this replaced (every block pushed its
+// 27.5 us against 34.6 for the flags-and-fences protocol this replaced (every block pushed its
 // whole slice, fenced, raised a flag per peer and waited before summing).
 //
 // A rank whose peer never arrives spins until `abort` (host-mapped memory) becomes non-zero;
@@ -46,8 +46,8 @@
 namespace tokenselect::kernels::cuda {
 
 inline constexpr int kPeerMaxRanks = 8;
-// The fixed grid of the large area's calls (bench_allreduce_cuda at 8 MiB, 128 blocks: 28.0 us
-// with 1024 threads, 30.7 with 768, 31.1 with 512).
+// The fixed grid of the large area's calls (bench_allreduce_cuda at 8 MiB, 128 blocks: 27.4-28.2
+// us with 1024 threads, 30.7 with 768, 30.5-31.1 with 512; docs/parallel.md has the sweep).
 inline constexpr int kPeerBlocks = 128;
 inline constexpr int kPeerThreads = 1024;
 // The grid of the small area's calls (at most kPeerBlocks: the counter arrays have that many).
