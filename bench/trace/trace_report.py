@@ -4,8 +4,9 @@
   python3 bench/trace/trace_report.py TRACE.csv [--device 0] [--detail 2] [--kinds decode,...]
 
 The timeline of each GPU is cut into steps at every embedding kernel (each CudaModel forward step
-starts with one). A step is `decode` when CUDA graphs ran in it, `prefill-select` when it scored
-keys (a TokenSelect / top-k chunk), `prefill` otherwise. For each kind the report prints the
+starts with one; its grid is the step's token count). A step of at most 64 tokens is `decode`, a
+longer one `prefill-select` when it scored keys (a TokenSelect / top-k chunk) and `prefill`
+otherwise (both may run as CUDA graphs: whole decode steps and whole prefill chunks). For each kind the report prints the
 median step time (first op start to last op end), the time the GPU was busy in it, and the
 kernels' time per step, most expensive first; with --detail L it also lists every op of layer L
 of the median step with its start, duration and the idle gap before it.
@@ -39,7 +40,7 @@ def base_name(name):
 
 
 def load(path):
-    ops = collections.defaultdict(list)  # device -> [(start, end, name, graph)]
+    ops = collections.defaultdict(list)  # device -> [(start, end, name, graph, grid blocks)]
     names = {}
     kernels = []
     with open(path) as f:
@@ -47,20 +48,21 @@ def load(path):
             parts = line.rstrip("\n").split(",", 2 if line.startswith("N,") else 9)
             kind = parts[0]
             if kind == "K":
-                _, dev, _, start, end, graph, _, _, name_id = parts
-                kernels.append((int(dev), int(start), int(end), int(name_id), int(graph)))
+                _, dev, _, start, end, graph, grid, _, name_id = parts
+                kernels.append((int(dev), int(start), int(end), int(name_id), int(graph),
+                                int(grid)))
             elif kind == "M":
                 _, dev, _, start, end, copy_kind, nbytes = parts
                 label = {1: "memcpy HtoD", 2: "memcpy DtoH", 8: "memcpy DtoD",
                          10: "memcpy PtoP"}.get(int(copy_kind), "memcpy")
-                ops[int(dev)].append((int(start), int(end), label, 0))
+                ops[int(dev)].append((int(start), int(end), label, 0, 0))
             elif kind == "S":
                 _, dev, _, start, end, _ = parts
-                ops[int(dev)].append((int(start), int(end), "memset", 0))
+                ops[int(dev)].append((int(start), int(end), "memset", 0, 0))
             elif kind == "N":
                 names[int(parts[1])] = base_name(parts[2])
-    for dev, start, end, name_id, graph in kernels:
-        ops[dev].append((start, end, names.get(name_id, "?"), graph))
+    for dev, start, end, name_id, graph, grid in kernels:
+        ops[dev].append((start, end, names.get(name_id, "?"), graph, grid))
     for dev in ops:
         ops[dev].sort()
     return ops
@@ -69,7 +71,7 @@ def load(path):
 def busy_ns(step):
     """Time covered by at least one op (ops on several streams may overlap)."""
     total, cur_start, cur_end = 0, None, None
-    for start, end, _, _ in step:
+    for start, end, *_ in step:
         if cur_end is None or start > cur_end:
             if cur_end is not None:
                 total += cur_end - cur_start
@@ -94,7 +96,7 @@ def split_steps(ops):
 
 
 def classify(step):
-    if any(op[3] != 0 for op in step):
+    if step[0][4] <= 64:  # the Embedding's grid: one block per token
         return "decode"
     if any("ScoreKeys" in op[2] for op in step):
         return "prefill-select"
@@ -120,7 +122,7 @@ def report(dev, steps, kinds, detail):
               f"({100 * statistics.median(busy) / max(1, statistics.median(spans)):.1f}%)")
         per_name = collections.defaultdict(lambda: [0, 0])
         for s in group:
-            for start, end, name, _ in s:
+            for start, end, name, *_ in s:
                 per_name[name][0] += 1
                 per_name[name][1] += end - start
         print("| op | calls/step | ms/step | us/call |\n|---|---|---|---|")
@@ -136,7 +138,7 @@ def report(dev, steps, kinds, detail):
                 print(f"\nlayer {detail} of the median step (KvAppend to the next KvAppend):")
                 print("| op | start us | us | gap before us |\n|---|---|---|---|")
                 prev_end = median_step[lo - 1][1] if lo > 0 else t0
-                for start, end, name, graph in median_step[lo:hi + 1]:
+                for start, end, name, graph, _ in median_step[lo:hi + 1]:
                     tag = " (graph)" if graph else ""
                     print(f"| {name}{tag} | {(start - t0) / 1e3:.1f} | {(end - start) / 1e3:.1f} | "
                           f"{(start - prev_end) / 1e3:.1f} |")

@@ -92,7 +92,7 @@ struct CudaAttentionQuery {
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
   // Set when the step is captured once in a CUDA graph and replayed while the sequence grows
-  // (CudaModel's whole-step decode graphs): the current cache length is device_cache_length[0]
+  // (CudaModel's whole-step graphs): the current cache length is device_cache_length[0]
   // and cache_length is a bound on it, for sizes and launch grids (see
   // CudaAttentionProvider::SupportsDeviceLength).
   const int32_t* device_cache_length = nullptr;
@@ -122,11 +122,12 @@ class CudaAttentionProvider {
   virtual ~CudaAttentionProvider() = default;
   virtual absl::Status Select(const CudaAttentionQuery& query, CudaAttentionList* list) = 0;
 
-  // Whole-step decode graphs (CudaModel): true when Select can take the cache length on the
-  // device (query.device_cache_length) and enqueue the same work, graph-capturable (no host
-  // synchronisation, no allocation, no host state that depends on the length), for every
-  // current length from query.cache_length up to `bound`. The default: no (the model then runs
-  // the step's attention eagerly).
+  // Whole-step graphs (CudaModel: decode steps, and full prefill chunks when query.num_new > 1):
+  // true when Select can take the cache length on the device (query.device_cache_length) and
+  // enqueue the same work, graph-capturable (no host synchronisation, no allocation, no host
+  // state that depends on the length), with the same list bound (max_kv_len), for every current
+  // length from query.cache_length up to `bound`. The default: no (the model then runs the
+  // step's attention eagerly).
   virtual bool SupportsDeviceLength(const CudaAttentionQuery& query, int64_t bound) const {
     return false;
   }
@@ -158,8 +159,10 @@ class CudaDenseAttention : public CudaAttentionProvider {
   CudaDenseAttention& operator=(const CudaDenseAttention&) = delete;
 
   absl::Status Select(const CudaAttentionQuery& query, CudaAttentionList* list) override;
+  // Decode steps only: a dense list of several new tokens grows with the length, and with it the
+  // prefill kernel's launch plan.
   bool SupportsDeviceLength(const CudaAttentionQuery& query, int64_t bound) const override {
-    return true;
+    return query.num_new == 1;
   }
 
  private:

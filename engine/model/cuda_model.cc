@@ -308,15 +308,12 @@ absl::Status CudaModel::ReserveAttentionWorkspace(size_t bytes, bool may_allocat
     return absl::InternalError(absl::StrCat("CudaModel: attention workspace of ", bytes,
                                             " bytes was not reserved before the step"));
   }
-  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
-  // A captured whole-step graph holds the old workspace's address: drop it (the sync leaves none
+  // A captured whole-step graph holds the old workspace's address: drop it (after a wait: none
   // in flight); its key's next step captures again. (A prefill that needs more than the decode
   // steps reserved, e.g. a gathered list, comes after them when a sequence is reused.)
-  if (d.step_graph != nullptr) {
-    cudaGraphExecDestroy(d.step_graph);
-    d.step_graph = nullptr;
-    d.step_key.clear();
-  }
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d.stream), "sync"));
+  RETURN_IF_ERROR(DropStepGraph(kDecodeGraph));
+  RETURN_IF_ERROR(DropStepGraph(kChunkGraph));
   return d.attention_workspace.Allocate(bytes);
 }
 
@@ -369,8 +366,9 @@ absl::Status CudaModel::Attention(int64_t layer, const StepRow& row, const int32
   // Under tensor parallelism nothing is allocated inside a step: with NCCL's peer mappings a
   // cudaFree waits for the other GPUs too, which may be waiting in an all-reduce for this rank's
   // next launch (a deadlock). Build reserves the largest workspace and every dense row instead.
-  // Inside a whole-step graph capture nothing may be allocated either: PlanRows reserves.
-  const bool may_allocate = !IsSharded(options_.tp) && device_length == nullptr;
+  // Inside a whole-step graph capture nothing may be allocated either: PlanRows reserves for
+  // decode steps, a chunk's first step by segments for its later captures.
+  const bool may_allocate = !IsSharded(options_.tp) && !d.capturing;
   auto reserve_workspace = [&](size_t bytes) {
     return ReserveAttentionWorkspace(bytes, may_allocate);
   };
@@ -485,7 +483,10 @@ absl::Status CudaModel::Step(absl::Span<const StepRow> rows, absl::Span<const in
   ASSIGN_OR_RETURN(const std::vector<RowPlan> plan, PlanRows(rows));
   bool ran = false;
   if (options_.use_graphs && logits_rows == m && m <= options_.max_batch) {
-    RETURN_IF_ERROR(RunStepGraph(rows, plan, &ran));
+    RETURN_IF_ERROR(RunStepGraph(kDecodeGraph, rows, plan, logits_rows, &ran));
+  } else if (options_.use_graphs && options_.graph_prefill_chunks && logits_rows == 0 &&
+             rows.size() == 1 && m == options_.max_chunk && m > 1) {
+    RETURN_IF_ERROR(RunStepGraph(kChunkGraph, rows, plan, logits_rows, &ran));
   }
   if (!ran) {
     for (int64_t l = 0; l < config_.num_layers; ++l) {

@@ -12,11 +12,12 @@
 //               x += (silu(g) * u) Wd^T + bd                   (GEMM epilogue, fp32)
 //   logits = RmsNorm(x[last]) lm_head^T                        (fp32)
 // A Forward call of m tokens runs them as one step (a prefill chunk: m rows per GEMM) when m <=
-// max_chunk, and as consecutive steps of max_chunk otherwise. Decode steps (m = 1) replay one
-// CUDA graph of the whole step when every row's attention provider can take its cache length on
-// the device (cuda_model_step_graph.cc), and otherwise graphs of the shape-static parts
-// (everything between one layer's attention and the next's: o_proj, MLP, norms, qkv GEMM, KV
-// append) with selection and attention launched one by one. Attention goes through the tuned
+// max_chunk, and as consecutive steps of max_chunk otherwise. Decode steps (m = 1) and full
+// prefill chunks without logits replay one CUDA graph of the whole step when every row's
+// attention provider can take its cache length on the device (cuda_model_step_graph.cc), and
+// otherwise graphs of the shape-static parts (everything between one layer's attention and the
+// next's: o_proj, MLP, norms, qkv GEMM, KV append) with selection and attention launched one by
+// one. Attention goes through the tuned
 // kernels for head_dim 64/128 and group 1/2/4/8, and through the simple kernels otherwise (the tiny
 // test presets).
 //
@@ -64,12 +65,15 @@ struct CudaModelOptions {
   int64_t max_chunk = 512;    // most tokens per step (prefill chunk, or rows of a decode batch)
   int64_t max_batch = 64;     // most sequences per DecodeBatch (rows of logits kept)
   bool use_graphs = true;     // CUDA graphs for decode steps
-  // With use_graphs, also for the shape-static segments of full prefill chunks (max_chunk
-  // tokens, no logits: every chunk of a prompt but its last); selection and attention between
-  // them are launched one by one.
+  // With use_graphs, also for full prefill chunks (max_chunk tokens, no logits: every chunk of a
+  // prompt but its last): the whole chunk as one graph where the provider takes the length on
+  // the device (cuda_model_step_graph.cc; TokenSelect, top-k and streaming past their budget),
+  // otherwise its shape-static segments, with selection and attention between them launched
+  // one by one.
   bool graph_prefill_chunks = true;
-  // Cache lengths one capture of a whole decode step serves (cuda_model_step_graph.cc): a
-  // sequence's step graph is captured again each time its length passes a multiple of this.
+  // Cache lengths one capture of a whole step serves (cuda_model_step_graph.cc): a sequence's
+  // step graph is captured again (or the graph held updated) each time its length passes a
+  // multiple of this.
   int64_t step_graph_bucket = 16384;
   // Capture a whole-step graph the first time its key (rows, providers, bounds) is seen rather
   // than the second. Off by default: a batch whose composition changes every step would pay a
@@ -216,10 +220,15 @@ class CudaModel {
   // kv_dim x kv_element_bytes(); the FP8 scales are not counted).
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t kv_bytes() const { return kv_bytes_; }
-  // Whole-step decode graphs (cuda_model_step_graph.cc): captures made, steps replayed.
+  // Whole-step graphs (cuda_model_step_graph.cc): decode steps captured and replayed; full
+  // prefill chunks captured (updated: a capture applied to the graph held, no new
+  // instantiation) and replayed.
   struct StepGraphCounts {
     int64_t captures = 0;
     int64_t replays = 0;
+    int64_t chunk_captures = 0;
+    int64_t chunk_updates = 0;
+    int64_t chunk_replays = 0;
   };
   const StepGraphCounts& step_graph_counts() const { return step_graph_counts_; }
   // The KV cache's element type and its size in bytes (2 for bf16, 1 for FP8).
@@ -299,9 +308,10 @@ class CudaModel {
   // step on device lengths, which PlanRows reserved for) a shortfall is Internal.
   absl::Status ReserveAttentionWorkspace(size_t bytes, bool may_allocate);
   absl::StatusOr<CudaAttentionProvider*> RowProvider(const StepRow& row);
-  // How a step runs a row's attention: rows of one new token whose provider supports it take
-  // their cache length from the device (copied in before the step) with a bound, in graphs and
-  // eagerly alike, so that both enqueue the same work (cuda_model_step_graph.cc).
+  // How a step runs a row's attention: rows of one new token, and the one row of a full chunk
+  // (max_chunk tokens), whose provider supports it take their cache length from the device
+  // (copied in before the step) with a bound, in graphs and eagerly alike, so that both enqueue
+  // the same work (cuda_model_step_graph.cc).
   struct RowPlan {
     CudaAttentionProvider* provider;
     int64_t bound;  // > 0: the length is device_lengths[row], at most bound
@@ -314,17 +324,27 @@ class CudaModel {
     uint64_t seq_id;
     uint64_t provider_id;
     int64_t bound;  // the cache lengths the graph serves: up to this
+    int64_t count;  // new tokens
     bool operator==(const StepGraphRow& o) const {
-      return seq_id == o.seq_id && provider_id == o.provider_id && bound == o.bound;
+      return seq_id == o.seq_id && provider_id == o.provider_id && bound == o.bound &&
+             count == o.count;
     }
   };
+  // The two kinds of whole-step graph held (Device::whole).
+  static constexpr int kDecodeGraph = 0;  // one new token per row, logits for every row
+  static constexpr int kChunkGraph = 1;   // one row of max_chunk new tokens, no logits
   static std::vector<StepGraphRow> StepGraphKey(absl::Span<const StepRow> rows,
                                                 absl::Span<const RowPlan> plan);
-  // Captures the step's graph for `key` (replacing the one held); on one GPU a failed capture
-  // is reported on stderr and the key marked never to capture (OK, no graph held), under
-  // tensor parallelism it is an error.
-  absl::Status CaptureStepGraph(absl::Span<const StepRow> rows, absl::Span<const RowPlan> plan,
+  // Captures the step's graph of kind `kind` for `key`: the graph held of that kind is updated
+  // with it where the topology allows (no wait: launches in flight keep their parameters),
+  // replaced otherwise. On one GPU a failed capture is reported on stderr and the key marked
+  // never to capture (OK, no graph held), under tensor parallelism it is an error.
+  absl::Status CaptureStepGraph(int kind, absl::Span<const StepRow> rows,
+                                absl::Span<const RowPlan> plan, int64_t logits_rows,
                                 const std::vector<StepGraphRow>& key);
+  // Destroys the held whole-step graph of kind `kind` after waiting for the stream (none held:
+  // nothing).
+  absl::Status DropStepGraph(int kind);
   // With capture_on_first_sight: captures the graph of the next one-token step of `seq` now,
   // while the GPU may still run the steps just enqueued (EnqueueForward calls it after a
   // prompt's last chunk), so that the first decode step replays at once.
@@ -334,10 +354,11 @@ class CudaModel {
   absl::Status EnqueueForward(const char* caller, CudaSequence* seq,
                               absl::Span<const int32_t> tokens, CudaAttentionProvider* attention,
                               bool logits);
-  // A decode step (one new token per row, logits for every row, every row on device lengths) as
-  // one replayed CUDA graph; *ran false: nothing was enqueued, run the step by segments.
-  absl::Status RunStepGraph(absl::Span<const StepRow> rows, absl::Span<const RowPlan> plan,
-                            bool* ran);
+  // A decode step (one new token per row, logits for every row) or a full prefill chunk (kind
+  // kChunkGraph: one row, max_chunk tokens, no logits), every row on device lengths, as one
+  // replayed CUDA graph; *ran false: nothing was enqueued, run the step by segments.
+  absl::Status RunStepGraph(int kind, absl::Span<const StepRow> rows,
+                            absl::Span<const RowPlan> plan, int64_t logits_rows, bool* ran);
   // FP8: kv_scales_ from the uploaded weights, and their device copy.
   absl::Status ComputeKvScales();
   absl::StatusOr<CudaSequence*> DefaultSequence();

@@ -108,16 +108,23 @@ struct CudaModel::Device {
   // Graphs of segments 0..num_layers (see EnqueueSegment), captured on first use: decode steps
   // of m rows at key m, prefill chunks of max_chunk tokens without logits at key -max_chunk.
   std::map<int64_t, std::vector<cudaGraphExec_t>> graphs;
-  // Whole decode steps as one graph (cuda_model_step_graph.cc): the rows' current cache lengths
-  // [max_batch] int32 (copied in before each launch), the captured step and what it was captured
-  // for (CudaModel::StepGraphRow), and the last step seen that could have been (a step is
-  // captured the second time in a row its key comes up).
+  // Whole steps as one graph (cuda_model_step_graph.cc): the rows' current cache lengths
+  // [max_batch] int32 (copied in before each launch), and per kind of step (decode steps, full
+  // prefill chunks) the captured step, what it was captured for (CudaModel::StepGraphRow), the
+  // last step seen that could have been (a step is captured the second time in a row its key
+  // comes up) and a key whose capture failed.
   cuda_model_internal::DeviceMemory row_lengths;
-  std::vector<StepGraphRow> step_key, seen_key, failed_key;
-  cudaGraphExec_t step_graph = nullptr;
+  struct WholeStepGraph {
+    std::vector<StepGraphRow> key, seen_key, failed_key;
+    cudaGraphExec_t exec = nullptr;
+  };
+  WholeStepGraph whole[2];  // [CudaModel::kDecodeGraph], [CudaModel::kChunkGraph]
+  bool capturing = false;   // a whole step is being captured: nothing may be allocated
 
   ~Device() {
-    if (step_graph != nullptr) cudaGraphExecDestroy(step_graph);
+    for (WholeStepGraph& g : whole) {
+      if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+    }
     for (auto& [m, execs] : graphs) {
       for (cudaGraphExec_t g : execs) {
         if (g != nullptr) cudaGraphExecDestroy(g);

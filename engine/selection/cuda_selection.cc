@@ -382,14 +382,19 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
 bool CudaSelectionAttention::SupportsDeviceLength(const CudaAttentionQuery& query,
                                                   int64_t bound) const {
   const SelectionOptions& o = options_;
-  if (query.num_new != 1 || bound < query.cache_length) return false;
+  if (query.num_new < 1 || query.num_new > dev_->max_new || bound < query.cache_length) {
+    return false;
+  }
   switch (o.policy) {
     case SelectionPolicyKind::kDense:
-      return true;
+      // A dense list of several new tokens grows with the length (ListBound), and with it the
+      // prefill kernel's launch plan: decode steps only.
+      return query.num_new == 1;
     case SelectionPolicyKind::kStreaming:
     case SelectionPolicyKind::kTokenSelect:
     case SelectionPolicyKind::kTopK:
-      // Not covered now means not covered at any longer length: the same path for every length.
+      // Not covered now means not covered at any longer length: the same path and the same list
+      // bound (n_init + k + n_local + num_new) for every length.
       return !CoversAll(o, query.cache_length) &&
              bound - o.n_init - o.n_local <= dev_->max_candidates;
     default:

@@ -12,7 +12,10 @@
 //   - quest (host state per layer) never takes the graph path and still agrees;
 //   - with capture_on_first_sight the end of a prompt already captures the first decode step;
 //   - a prompt's full chunks replayed as segment graphs give the eager prompt's logits;
-//   - a workspace grown after a capture drops the captured step.
+//   - a workspace grown after a capture drops the captured step;
+//   - a prompt's full chunks past the budget replayed as whole-chunk graphs (captured on the
+//     second chunk of a bucket, the graph updated in place at the next bucket) give the eager
+//     prompt's logits, statistics and decode steps bit for bit.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -334,6 +337,79 @@ TEST(StepGraphWorkspaceTest, GrowingTheWorkspaceDropsTheCapturedStep) {
   EXPECT_EQ(graphs.captures, 2) << "the chunk's larger workspace must force a new capture";
   EXPECT_EQ(graphs.replays, 8);
 }
+
+// A prompt of 7 full chunks of 64 (the last with logits) with a bucket of 128: chunks at
+// lengths 0 and 64 attend everything (budget 8 + 64 + 32), those at 128 .. 320 select on device
+// lengths with bounds 256, 256, 384, 384. The first chunk of each bound runs by segments, the
+// second captures (the first time) or updates the graph held (the second) and replays; the last
+// chunk has logits and runs by segments. Everything the eager model does, bit for bit: the
+// prompt's logits, the providers' statistics, then decode steps on the cache both wrote.
+struct ChunkCase {
+  int tp;
+  SelectionPolicyKind policy;
+};
+
+std::string ChunkCaseName(const testing::TestParamInfo<ChunkCase>& info) {
+  return std::string(PolicyName(info.param.policy)) + "_tp" + std::to_string(info.param.tp);
+}
+
+class ChunkGraphTest : public testing::TestWithParam<ChunkCase> {};
+
+TEST_P(ChunkGraphTest, ReplayedChunksEqualEagerOnes) {
+  const ChunkCase c = GetParam();
+  if (gpu_test::DeviceCount() < c.tp) GTEST_SKIP() << "needs " << c.tp << " GPUs";
+  GraphAndEager m;
+  ASSERT_TRUE(m.Make(c.tp, /*seed=*/14, /*bucket=*/128, /*first_sight=*/false, c.policy));
+  auto& models = m.models;
+  auto& seqs = m.seqs;
+  Providers* providers[2] = {m.providers[0].get(), m.providers[1].get()};
+  const std::vector<int32_t> prompt = gpu_test::Prompt(7 * kChunk, 3, m.config.vocab_size);
+  std::vector<float> logits[2];
+  for (int i = 0; i < 2; ++i) {
+    for (size_t begin = 0; begin < prompt.size(); begin += kChunk) {
+      const bool last = begin + kChunk == prompt.size();
+      const absl::Status st = models[i]->Forward(
+          seqs[i].get(), absl::MakeConstSpan(prompt).subspan(begin, kChunk), providers[i]->ptrs,
+          last ? &logits[i] : nullptr);
+      ASSERT_TRUE(st.ok()) << "chunk at " << begin << ": " << st;
+    }
+  }
+  EXPECT_EQ(logits[0], logits[1]) << "the prompt's logits differ";
+  const CudaModel::StepGraphCounts graphs = models[0]->shard(0)->step_graph_counts();
+  const CudaModel::StepGraphCounts none = models[1]->shard(0)->step_graph_counts();
+  EXPECT_EQ(none.chunk_captures + none.chunk_updates + none.chunk_replays, 0);
+  EXPECT_EQ(graphs.chunk_captures, 1);
+  EXPECT_EQ(graphs.chunk_updates, 1) << "the second bound's capture should update the graph";
+  EXPECT_EQ(graphs.chunk_replays, 2);
+  for (int r = 0; r < c.tp; ++r) {
+    const SelectionStats& a = providers[0]->owned[r]->stats();
+    const SelectionStats& b = providers[1]->owned[r]->stats();
+    EXPECT_EQ(a.layer_steps, b.layer_steps) << "rank " << r;
+    EXPECT_EQ(a.full_attention_steps, b.full_attention_steps) << "rank " << r;
+    EXPECT_EQ(a.attended_tokens, b.attended_tokens) << "rank " << r;
+    EXPECT_EQ(a.candidates_scored, b.candidates_scored) << "rank " << r;
+  }
+  int identical = 0;
+  const int steps = 8;
+  for (int step = 0; step < steps; ++step) {
+    ASSERT_NO_FATAL_FAILURE(m.DecodeStep(step, logits, &identical));
+  }
+  EXPECT_EQ(identical, steps);
+  std::printf("%s TP=%d: prompt logits %s, chunk graphs %lld captured, %lld updated, %lld "
+              "replayed; %d of %d decode steps bit-identical\n",
+              std::string(PolicyName(c.policy)).c_str(), c.tp,
+              logits[0] == logits[1] ? "identical" : "DIFFERENT",
+              static_cast<long long>(graphs.chunk_captures),
+              static_cast<long long>(graphs.chunk_updates),
+              static_cast<long long>(graphs.chunk_replays), identical, steps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, ChunkGraphTest,
+                         testing::Values(ChunkCase{1, SelectionPolicyKind::kTokenSelect},
+                                         ChunkCase{1, SelectionPolicyKind::kTopK},
+                                         ChunkCase{1, SelectionPolicyKind::kStreaming},
+                                         ChunkCase{2, SelectionPolicyKind::kTokenSelect}),
+                         ChunkCaseName);
 
 }  // namespace
 }  // namespace tokenselect::engine
