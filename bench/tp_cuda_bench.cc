@@ -267,11 +267,20 @@ absl::Status RunTp(int tp, KvCacheDType kv_dtype, int invariant_shards,
       }
       rows->push_back({tp, context, name, Median(chunk_ms),
                        1e3 * decode_s / std::max<int64_t>(1, timed), hit_rate});
+      // Rank 0's whole-step graphs so far (the streaming fill's included): which path the timed
+      // chunks and steps took.
+      const CudaModel::StepGraphCounts graph_counts = m->shard(0)->step_graph_counts();
       std::printf(
           "TP=%d %s at %lld: chunk-512 prefill %.2f ms, decode %.2f ms/token, cache hit "
-          "rate %.1f%%\n",
+          "rate %.1f%% (whole-chunk graphs %lld captured, %lld updated, %lld replayed; decode "
+          "graphs %lld captured, %lld replayed)\n",
           tp, name.c_str(), static_cast<long long>(context), rows->back().chunk_ms,
-          rows->back().decode_ms, 100 * hit_rate);
+          rows->back().decode_ms, 100 * hit_rate,
+          static_cast<long long>(graph_counts.chunk_captures),
+          static_cast<long long>(graph_counts.chunk_updates),
+          static_cast<long long>(graph_counts.chunk_replays),
+          static_cast<long long>(graph_counts.captures),
+          static_cast<long long>(graph_counts.replays));
       std::fflush(stdout);
     }
   }

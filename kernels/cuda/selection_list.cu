@@ -1,48 +1,57 @@
 // Glue kernels between selection and attention (selection_list.h).
 //
-// BuildSelectedList: one block of 1024 threads. Thread 0 finds how many picks lie before the
-//   window (picks are ascending, so the valid ones are a prefix: one binary search), every thread
-//   then writes a strided share of the sinks, the picks, the window and the new tokens. Lists are
-//   a few thousand entries, so one block is enough and keeps the length decision on the device.
+// BuildSelectedList: a block of 1024 threads per 1024 entries of the longest list. Every block
+//   counts the picks that lie before the window (picks are ascending, so the valid ones are a
+//   prefix; the count, an integer sum, is the same in every block and keeps the length decision
+//   on the device), then each thread writes one entry: a sink, a pick, the window or a new token.
+//   (One block with thread 0 binary-searching the picks took 6.2 us per layer at 2048 picks: 11
+//   dependent loads, then four dependent pairs of loads per thread; this is ~3 latencies.)
 // ListFromTokens: one block copies the selected set's slots (count read on the device) and
 //   appends the new tokens.
 // FillDenseList / FillIota: plain grid-stride writes.
 #include "kernels/cuda/selection_list.h"
 
+#include <algorithm>
+
 namespace tokenselect::kernels::cuda {
 namespace {
 
-__global__ void SelectedListKernel(SelectedListParams p) {
-  __shared__ int32_t valid_picks;
+constexpr int kListThreads = 1024;
+
+__global__ void __launch_bounds__(kListThreads) SelectedListKernel(SelectedListParams p) {
+  __shared__ int32_t warp_valid[kListThreads / 32];
   const int64_t num_cached = ResolveLength(p.device_num_cached, p.num_cached);
   const int64_t window_begin = num_cached - p.n_local;
-  if (threadIdx.x == 0) {
-    // Picks p are valid while n_init + p < window_begin: count them by binary search.
-    int64_t lo = 0, hi = p.picks == nullptr ? 0 : p.num_picks;
-    const int64_t limit = window_begin - p.n_init;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (p.picks[mid] < limit) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
+  // Picks p are valid while n_init + p < window_begin: count them, every thread a strided share
+  // (its loads issued together).
+  const int64_t limit = window_begin - p.n_init;
+  int valid = 0;
+  if (p.picks != nullptr) {
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < p.num_picks; j += kListThreads) {
+      valid += p.picks[j] < limit ? 1 : 0;
     }
-    valid_picks = static_cast<int32_t>(lo);
-    const int64_t selected = p.n_init + lo + p.n_local;
+  }
+  valid = __reduce_add_sync(0xffffffffu, valid);
+  if ((threadIdx.x & 31) == 0) warp_valid[threadIdx.x >> 5] = valid;
+  __syncthreads();
+  int64_t num_valid = 0;
+#pragma unroll
+  for (int w = 0; w < kListThreads / 32; ++w) num_valid += warp_valid[w];
+  const int64_t selected = p.n_init + num_valid + p.n_local;
+  const int64_t total = selected + p.num_new;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
     p.kv_indptr[0] = 0;
-    p.kv_indptr[1] = static_cast<int32_t>(selected + p.num_new);
+    p.kv_indptr[1] = static_cast<int32_t>(total);
     if (p.counters != nullptr && p.hit != nullptr) {
       const int32_t hit = *p.hit != 0 ? 1 : 0;
       p.counters[0] += hit;
       p.counters[1] += 1 - hit;
     }
   }
-  __syncthreads();
-  const int64_t num_valid = valid_picks;
-  const int64_t selected = p.n_init + num_valid + p.n_local;
-  const int64_t total = selected + p.num_new;
-  for (int64_t j = threadIdx.x; j < total; j += blockDim.x) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kListThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kListThreads + threadIdx.x;
+  for (int64_t j = first; j < total; j += stride) {
     int64_t token;
     if (j < p.n_init) {
       token = j;
@@ -56,7 +65,7 @@ __global__ void SelectedListKernel(SelectedListParams p) {
     p.kv_indices[j] = p.token_slots[token];
     p.kv_positions[j] = static_cast<int32_t>(j);
   }
-  for (int64_t i = threadIdx.x; i < p.num_new; i += blockDim.x) {
+  for (int64_t i = first; i < p.num_new; i += stride) {
     p.q_positions[i] = static_cast<int32_t>(selected + i);
     p.visible[i] = static_cast<int32_t>(selected + i + 1);
   }
@@ -111,7 +120,9 @@ cudaError_t BuildSelectedList(const SelectedListParams& p, cudaStream_t stream) 
       p.n_init + p.num_picks + p.n_local + p.num_new > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
-  SelectedListKernel<<<1, 1024, 0, stream>>>(p);
+  const int64_t entries = p.n_init + p.num_picks + p.n_local + p.num_new;
+  const int64_t blocks = std::max<int64_t>(1, (entries + kListThreads - 1) / kListThreads);
+  SelectedListKernel<<<static_cast<unsigned>(blocks), kListThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

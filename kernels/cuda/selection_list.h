@@ -47,7 +47,8 @@ struct SelectedListParams {
   const int32_t* hit = nullptr;
   int64_t* counters = nullptr;
 };
-// One block. cudaErrorInvalidValue for null outputs or inconsistent sizes.
+// A block per 1024 entries of the longest list. cudaErrorInvalidValue for null outputs or
+// inconsistent sizes.
 cudaError_t BuildSelectedList(const SelectedListParams& params, cudaStream_t stream);
 
 struct DenseListParams {

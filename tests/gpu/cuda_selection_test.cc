@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "engine/model/cuda_attention.h"
@@ -144,13 +145,16 @@ TEST_P(CudaSelectionTest, PrefillChunkListsMatchTheCpuPolicy) {
   std::mt19937 rng(20261121);
   const int64_t chunk = 37;
   SetUpCache(5000 + chunk, &rng);
-  for (SelectionPolicyKind kind : {SelectionPolicyKind::kTokenSelect, SelectionPolicyKind::kTopK,
-                                   SelectionPolicyKind::kQuest, SelectionPolicyKind::kStreaming,
-                                   SelectionPolicyKind::kDense}) {
+  // k = 1500: lists longer than one block of the list kernel (kernels/cuda/selection_list.cu).
+  for (const auto& [kind, k] : std::vector<std::pair<SelectionPolicyKind, int64_t>>{
+           {SelectionPolicyKind::kTokenSelect, 300}, {SelectionPolicyKind::kTopK, 300},
+           {SelectionPolicyKind::kQuest, 300}, {SelectionPolicyKind::kStreaming, 300},
+           {SelectionPolicyKind::kDense, 300}, {SelectionPolicyKind::kTokenSelect, 1500},
+           {SelectionPolicyKind::kStreaming, 1500}}) {
     SelectionOptions opt;
     opt.policy = kind;
     opt.n_init = 16;
-    opt.k = 300;
+    opt.k = k;
     opt.n_local = 64;
     opt.chunk_size = chunk;
     auto provider = CudaSelectionAttention::Create(opt, config_, 5000 + chunk, chunk);
@@ -158,8 +162,8 @@ TEST_P(CudaSelectionTest, PrefillChunkListsMatchTheCpuPolicy) {
     auto policy = CreateSelectionPolicy(opt);
     ASSERT_TRUE(policy.ok());
     int64_t flips = 0;
-    for (int64_t cached : {int64_t{0}, int64_t{300}, int64_t{380}, int64_t{381}, int64_t{2999},
-                           int64_t{5000}}) {
+    const int64_t budget = opt.n_init + k + opt.n_local;
+    for (int64_t cached : {int64_t{0}, k, budget, budget + 1, int64_t{2999}, int64_t{5000}}) {
       const std::vector<float> q = RandomQ(chunk, &rng);
       const AttentionList gpu = RunGpu(provider->get(), 0, cached, q, chunk);
       std::vector<float> sel(static_cast<size_t>(config_.num_heads * config_.head_dim));
@@ -176,10 +180,10 @@ TEST_P(CudaSelectionTest, PrefillChunkListsMatchTheCpuPolicy) {
       const int64_t tolerance = kind == SelectionPolicyKind::kQuest
                                     ? 2 * opt.baselines.quest_page_size
                                     : 2;
-      EXPECT_LE(mismatches, tolerance) << PolicyName(kind) << " cached=" << cached;
+      EXPECT_LE(mismatches, tolerance) << PolicyName(kind) << " k=" << k << " cached=" << cached;
       flips += mismatches > 0;
     }
-    EXPECT_LE(flips, 1) << PolicyName(kind);
+    EXPECT_LE(flips, 1) << PolicyName(kind) << " k=" << k;
   }
 }
 
