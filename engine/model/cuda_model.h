@@ -17,9 +17,8 @@
 // attention provider can take its cache length on the device (cuda_model_step_graph.cc), and
 // otherwise graphs of the shape-static parts (everything between one layer's attention and the
 // next's: o_proj, MLP, norms, qkv GEMM, KV append) with selection and attention launched one by
-// one. Attention goes through the tuned
-// kernels for head_dim 64/128 and group 1/2/4/8, and through the simple kernels otherwise (the tiny
-// test presets).
+// one. Attention goes through the tuned kernels for head_dim 64/128 and group 1/2/4/8, and
+// through the simple kernels otherwise (the tiny test presets).
 //
 // The KV cache is a pool of max_tokens slots in pages of page_size, shared by sequences
 // (CudaSequence: one request's pages and token -> slot map); pages are handed out in a scrambled
@@ -305,7 +304,8 @@ class CudaModel {
   int PrefillSplits(int64_t q, int64_t max_kv_len) const;
   // Grows the attention workspace to `bytes` (after waiting for the stream). Where nothing may be
   // allocated inside a step (!may_allocate: tensor parallelism, where Build reserved it, or a
-  // step on device lengths, which PlanRows reserved for) a shortfall is Internal.
+  // whole-step capture, which PlanRows or the chunk's first step reserved for) a shortfall is
+  // Internal.
   absl::Status ReserveAttentionWorkspace(size_t bytes, bool may_allocate);
   absl::StatusOr<CudaAttentionProvider*> RowProvider(const StepRow& row);
   // How a step runs a row's attention: rows of one new token, and the one row of a full chunk
