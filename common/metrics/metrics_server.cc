@@ -46,10 +46,17 @@ absl::Status MetricsServer::Start() {
     res.set_content(registry->Render(), std::string(kExpositionContentType).c_str());
   });
   std::function<bool()> healthy = options_.healthy;
-  server->Get("/healthz", [healthy](const httplib::Request&, httplib::Response& res) {
-    const bool ok = !healthy || healthy();
+  server->Get("/healthz", [healthy, serving = serving_](const httplib::Request&,
+                                                         httplib::Response& res) {
+    const char* body = "ok\n";
+    if (!serving->load()) {
+      body = "not serving\n";
+    } else if (healthy && !healthy()) {
+      body = "unhealthy\n";
+    }
+    const bool ok = body[0] == 'o';
     res.status = ok ? 200 : 503;
-    res.set_content(ok ? "ok\n" : "unhealthy\n", "text/plain; charset=utf-8");
+    res.set_content(body, "text/plain; charset=utf-8");
   });
 
   int port = options_.port;
@@ -96,6 +103,8 @@ void MetricsServer::Stop() {
   server_.reset();
   state_ = State::kStopped;
 }
+
+void MetricsServer::SetServing(bool serving) { serving_->store(serving); }
 
 int MetricsServer::port() const {
   absl::MutexLock lock(&mu_);

@@ -1,16 +1,20 @@
 // A small HTTP server for Prometheus: GET /metrics renders a Registry in the text format 0.0.4,
-// GET /healthz answers "ok" (or 503 when the health callback says no). One listener thread and
-// a couple of worker threads; nothing else runs on it.
+// GET /healthz answers "ok" once the process says it serves (SetServing), 503 before that, while
+// draining and when the health callback says no. One listener thread and a couple of worker
+// threads; nothing else runs on it.
 //
 //   MetricsServerOptions options;
 //   options.port = absl::GetFlag(FLAGS_metrics_port);  // binaries skip all this when it is 0
 //   MetricsServer server(&Registry::Default(), options);
-//   RETURN_IF_ERROR(server.Start());
-//   ...
+//   RETURN_IF_ERROR(server.Start());   // /metrics answers; /healthz is 503 "starting"
+//   ... start the gRPC server ...
+//   server.SetServing(true);           // /healthz: 200 "ok"
+//   ... on SIGTERM: server.SetServing(false), drain ...
 //   server.Stop();                     // also done by the destructor
 #ifndef TOKENSELECT_COMMON_METRICS_METRICS_SERVER_H_
 #define TOKENSELECT_COMMON_METRICS_METRICS_SERVER_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -36,7 +40,7 @@ struct MetricsServerOptions {
   int port = 0;
   // Worker threads answering requests.
   int threads = 2;
-  // /healthz answers 200 "ok" when this returns true (or is empty), 503 otherwise.
+  // While serving, /healthz answers 200 "ok" when this returns true (or is empty), 503 otherwise.
   std::function<bool()> healthy;
 };
 
@@ -57,6 +61,11 @@ class MetricsServer {
   // Stops listening, finishes requests in flight and joins the threads. Idempotent.
   void Stop();
 
+  // Whether /healthz may answer 200: false from construction until the process's gRPC server
+  // accepts calls, and again once it drains. Probes (Kubernetes readiness with TLS, where the
+  // kubelet cannot speak gRPC health) then never see "ok" before the port they guard listens.
+  void SetServing(bool serving);
+
   // The bound port while running (the chosen one when options.port was 0); 0 before Start()
   // and after Stop().
   int port() const;
@@ -66,6 +75,8 @@ class MetricsServer {
 
   const Registry* const registry_;
   const MetricsServerOptions options_;
+  // Shared with the /healthz handler, which may run on a worker thread after Stop() returns.
+  const std::shared_ptr<std::atomic<bool>> serving_ = std::make_shared<std::atomic<bool>>(false);
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kNew;
   int port_ ABSL_GUARDED_BY(mu_) = 0;
@@ -74,7 +85,8 @@ class MetricsServer {
 };
 
 // What the binaries do with --metrics_port / --metrics_host: nullptr when `port` is 0 (metrics
-// off), else a started server on Registry::Default(). Errors from MetricsServer::Start.
+// off), else a started server on Registry::Default(), not yet serving (see SetServing). Errors
+// from MetricsServer::Start.
 absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServerIfEnabled(int port,
                                                                            const std::string& host);
 

@@ -126,6 +126,7 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", started.ToString().c_str());
     return 1;
   }
+  server.SetServing(true);  // nothing else to wait for here
   std::printf("metrics_port=%d\n", server.port());
   std::fflush(stdout);
 

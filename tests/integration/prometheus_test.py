@@ -5,12 +5,15 @@ evaluates every PromQL expression of deploy/grafana/dashboards and deploy/promet
   prometheus_test.py --server BIN [--server-arg ARG]... [--prometheus PATH] [--timeout-s S]
   prometheus_test.py --all-in-one TOKENSELECT [--prometheus PATH] [--timeout-s S]
 
-Steps: start BIN --metrics_port=P (plus the --server-arg values) on loopback and wait for
-/metrics; with --all-in-one, start the real server instead (`TOKENSELECT serve --all-in-one` on
-a demo checkpoint generated in a temp dir, router and metrics on free loopback ports) and keep a
-short load on it (a few concurrent `TOKENSELECT generate --server` runs, plus a request the router
-refuses with INVALID_ARGUMENT so that the error-ratio rule has a numerator); start Prometheus with a generated config (scrape every second, evaluate the rules every
-second, loading our two rule files); then, until every check passes or the timeout:
+Steps: start BIN --metrics_port=P (plus the --server-arg values) on loopback and wait until
+/healthz answers 200; with --all-in-one, start the real server instead (`TOKENSELECT serve
+--all-in-one` on a demo checkpoint generated in a temp dir, router and metrics on free loopback
+ports; /healthz turns 200 once the router accepts calls) and keep a short load on it (a few
+concurrent `TOKENSELECT generate --server` runs, plus a request the router refuses with
+INVALID_ARGUMENT so that the error-ratio rule has a numerator; any other failed run is a problem,
+reported with its last output line); start Prometheus with a generated config (scrape every
+second, evaluate the rules every second, loading our two rule files); then, until every check
+passes or the timeout:
   - every dashboard query and every recording rule returns data (Grafana variables substituted:
     $__rate_interval=15s, $job=.+);
   - every alert expression evaluates without error and every series it names has data (an alert
@@ -126,10 +129,12 @@ class Load:
             cmd = base + ["--prompt", f"Load {worker}.{n}: {words}"]
             if worker == 0 and n % 5 == 0:
                 cmd = self.bad  # INVALID_ARGUMENT from the router
-            result = subprocess.run(cmd, stdout=self.log, stderr=self.log, timeout=30,
-                                    check=False)
+            result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    timeout=30, check=False, text=True, errors="replace")
+            self.log.write(result.stdout)
             if result.returncode != 0 and cmd is not self.bad:
-                self.errors.append(f"generate exited with {result.returncode}")
+                last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
+                self.errors.append(f"generate exited with {result.returncode}: {last}")
             n += 1
 
     def stop(self):
@@ -207,7 +212,8 @@ def main():
                                   stdout=subprocess.DEVNULL,
                                   stderr=open(os.path.join(tmp, "server.log"), "w"))
         procs.append(server)
-        wait_for(f"http://127.0.0.1:{metrics_port}/metrics", server, "server", 20)
+        # /healthz answers 200 only once the gRPC port accepts calls: load may start then.
+        wait_for(f"http://127.0.0.1:{metrics_port}/healthz", server, "server", 20)
         if args.all_in_one:
             load = Load(args.all_in_one, grpc_port, tmp)
         _, text = http_get(f"http://127.0.0.1:{metrics_port}/metrics")

@@ -44,7 +44,13 @@ TEST(MetricsServerTest, ServesMetricsAndHealthOnLoopback) {
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("tokenselect_requests_total{code=\"OK\"} 4\n"), std::string::npos);
 
+  // Not ready until the process says it serves, whatever the health callback says.
   auto health = client.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(health->body, "not serving\n");
+  server.SetServing(true);
+  health = client.Get("/healthz");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
   EXPECT_EQ(health->body, "ok\n");
@@ -52,6 +58,13 @@ TEST(MetricsServerTest, ServesMetricsAndHealthOnLoopback) {
   health = client.Get("/healthz");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(health->body, "unhealthy\n");
+  healthy = true;
+  server.SetServing(false);  // draining
+  health = client.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(health->body, "not serving\n");
 
   auto missing = client.Get("/nope");
   ASSERT_TRUE(missing);
