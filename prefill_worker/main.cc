@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
     TS_LOG(ERROR, "prefill worker failed to start: {}", worker.status().ToString());
     return 1;
   }
-  tokenselect::wire::MarkServing(*setup, true);
+  tokenselect::common::metrics::SetServingIfEnabled(setup->metrics_server.get(), true);
   tokenselect::wire::WaitForTermination(signals, "prefill worker");
-  tokenselect::wire::MarkServing(*setup, false);
+  tokenselect::common::metrics::SetServingIfEnabled(setup->metrics_server.get(), false);
   (*worker)->Shutdown(flags->drain_timeout);
   return 0;
 }

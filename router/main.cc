@@ -108,13 +108,13 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "router: %s\n", router.status().ToString().c_str());
     return 1;
   }
-  if (*metrics_server != nullptr) (*metrics_server)->SetServing(true);
+  common::metrics::SetServingIfEnabled(metrics_server->get(), true);
   std::printf("router listening on port %d\n", (*router)->port());
   std::fflush(stdout);
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   TS_LOG(INFO, "router: signal {}, draining", signal_number);
-  if (*metrics_server != nullptr) (*metrics_server)->SetServing(false);
+  common::metrics::SetServingIfEnabled(metrics_server->get(), false);
   (*router)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
   (*router)->Wait();
   return 0;

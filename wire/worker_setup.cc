@@ -46,10 +46,6 @@ int SetupExitCode(const absl::Status& status) {
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-void MarkServing(const WorkerSetup& setup, bool serving) {
-  if (setup.metrics_server != nullptr) setup.metrics_server->SetServing(serving);
-}
-
 absl::StatusOr<WorkerServer> StartWorkerServer(absl::string_view who,
                                                const std::string& listen_address,
                                                std::shared_ptr<grpc::ServerCredentials> credentials,

@@ -41,10 +41,6 @@ absl::StatusOr<WorkerSetup> SetUpWorker(const WorkerSetupOptions& options);
 // The exit code a worker main returns for a failed SetUpWorker: 2 for bad flags, 1 otherwise.
 int SetupExitCode(const absl::Status& status);
 
-// Lets /healthz answer "ok" (true, once the worker's gRPC server is up) or 503 again (false,
-// when it starts draining); nothing when metrics are off.
-void MarkServing(const WorkerSetup& setup, bool serving);
-
 // A worker's gRPC server, started: health checking and reflection on, `service` registered on
 // `listen_address` (null credentials: plaintext), messages up to max_receive_message_bytes.
 // Unavailable "<who>: cannot listen on <address>" when the address cannot be bound.

@@ -182,11 +182,11 @@ absl::Status RunServe(const std::vector<std::string>& args) {
       model_dir.c_str(), router->port(), prefill->address().c_str(), decode->address().c_str(),
       metrics_server ? metrics_server->port() : 0, self, router->port());
   std::fflush(stdout);
-  if (metrics_server != nullptr) metrics_server->SetServing(true);
+  common::metrics::SetServingIfEnabled(metrics_server.get(), true);
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   TS_LOG(INFO, "serve: signal {}, draining", signal_number);
-  if (metrics_server != nullptr) metrics_server->SetServing(false);
+  common::metrics::SetServingIfEnabled(metrics_server.get(), false);
   const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   router->Shutdown(drain);
   router->Wait();

@@ -48,15 +48,11 @@ absl::Status MetricsServer::Start() {
   std::function<bool()> healthy = options_.healthy;
   server->Get("/healthz", [healthy, serving = serving_](const httplib::Request&,
                                                          httplib::Response& res) {
-    const char* body = "ok\n";
-    if (!serving->load()) {
-      body = "not serving\n";
-    } else if (healthy && !healthy()) {
-      body = "unhealthy\n";
-    }
-    const bool ok = body[0] == 'o';
+    const bool up = serving->load();
+    const bool ok = up && (!healthy || healthy());
     res.status = ok ? 200 : 503;
-    res.set_content(body, "text/plain; charset=utf-8");
+    res.set_content(ok ? "ok\n" : (up ? "unhealthy\n" : "not serving\n"),
+                    "text/plain; charset=utf-8");
   });
 
   int port = options_.port;
@@ -105,6 +101,10 @@ void MetricsServer::Stop() {
 }
 
 void MetricsServer::SetServing(bool serving) { serving_->store(serving); }
+
+void SetServingIfEnabled(MetricsServer* server, bool serving) {
+  if (server != nullptr) server->SetServing(serving);
+}
 
 int MetricsServer::port() const {
   absl::MutexLock lock(&mu_);

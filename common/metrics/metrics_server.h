@@ -6,7 +6,7 @@
 //   MetricsServerOptions options;
 //   options.port = absl::GetFlag(FLAGS_metrics_port);  // binaries skip all this when it is 0
 //   MetricsServer server(&Registry::Default(), options);
-//   RETURN_IF_ERROR(server.Start());   // /metrics answers; /healthz is 503 "starting"
+//   RETURN_IF_ERROR(server.Start());   // /metrics answers; /healthz is 503 "not serving"
 //   ... start the gRPC server ...
 //   server.SetServing(true);           // /healthz: 200 "ok"
 //   ... on SIGTERM: server.SetServing(false), drain ...
@@ -89,6 +89,8 @@ class MetricsServer {
 // from MetricsServer::Start.
 absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServerIfEnabled(int port,
                                                                            const std::string& host);
+// server->SetServing(serving), or nothing for StartMetricsServerIfEnabled's nullptr (metrics off).
+void SetServingIfEnabled(MetricsServer* server, bool serving);
 
 }  // namespace tokenselect::common::metrics
 
