@@ -1,4 +1,5 @@
-// One-time per-device kernel attributes (docs/parallel.md, "Per-device state in kernels").
+// One-time per-device kernel attributes (docs/parallel.md, "Per-device state in kernels"), and
+// the one device property launches branch on (DeviceIsSm90OrLater).
 //
 // A kernel that needs more than 48 KiB of dynamic shared memory must opt in per device
 // (cudaFuncSetAttribute), and setting the attribute can wait for the device's queue to drain.
@@ -31,6 +32,25 @@ cudaError_t OptInSharedMemoryOnce(Kernel kernel, size_t bytes, std::atomic<uint6
                            static_cast<int>(bytes));
   if (set == cudaSuccess) done->fetch_or(bit, std::memory_order_release);
   return set;
+}
+
+// Whether the current device has compute capability 9.0 or later (programmatic dependent
+// launch, thread-block clusters), asked once per device: launches check a bit, not the driver.
+inline bool DeviceIsSm90OrLater() {
+  static std::atomic<uint64_t> known{0}, sm90{0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((known.load(std::memory_order_acquire) & bit) != 0) {
+    return (sm90.load(std::memory_order_acquire) & bit) != 0;
+  }
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return false;
+  }
+  if (major >= 9) sm90.fetch_or(bit, std::memory_order_release);
+  known.fetch_or(bit, std::memory_order_release);
+  return major >= 9;
 }
 
 // Every tuned attention kernel's opt-in (prefill and decode, bf16 and FP8 caches) on the

@@ -16,9 +16,9 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
-#include <cstdint>
 #include <utility>
+
+#include "kernels/cuda/kernel_attributes.h"
 
 namespace tokenselect::kernels::cuda {
 
@@ -34,24 +34,8 @@ __device__ __forceinline__ void PdlAllowDependents() {
 #endif
 }
 
-// Whether launches on the current device use the attribute: compute capability 9.0 or later
-// (asked once per device).
-inline bool PdlSupported() {
-  static std::atomic<uint64_t> known{0}, supported{0};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((known.load(std::memory_order_acquire) & bit) != 0) {
-    return (supported.load(std::memory_order_acquire) & bit) != 0;
-  }
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    return false;
-  }
-  if (major >= 9) supported.fetch_or(bit, std::memory_order_release);
-  known.fetch_or(bit, std::memory_order_release);
-  return major >= 9;
-}
+// Whether launches on the current device use the attribute: compute capability 9.0 or later.
+inline bool PdlSupported() { return DeviceIsSm90OrLater(); }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute where supported, and
 // cooperative when `cooperative` (every block resident; barriers across the grid).

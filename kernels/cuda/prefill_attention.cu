@@ -381,17 +381,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Whether the current device launches thread-block clusters (sm_90 and later).
-bool ClusterLaunch() {
-  int device = 0, supported = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&supported, cudaDevAttrClusterLaunch, device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return supported != 0;
-}
-
 }  // namespace
 
 int PlanPrefillSplits(int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t max_q_len,
@@ -500,7 +489,7 @@ cudaError_t BuildSelectionQuery(float* out, const __nv_bfloat16* q, int64_t q_ro
   if (num_heads > 65535) return cudaErrorInvalidValue;  // grid y
   const int nq = static_cast<int>(num_q), dim = static_cast<int>(head_dim);
   const int local = static_cast<int>(n_local);
-  if (num_q > 1 && ClusterLaunch()) {
+  if (num_q > 1 && DeviceIsSm90OrLater()) {  // thread-block clusters
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(kSelCluster, static_cast<unsigned>(num_heads));
     config.blockDim = dim3(kSelClusterThreads);
