@@ -247,15 +247,10 @@ absl::Status CudaModel::EnqueueSegment(int64_t segment, int64_t m, int64_t logit
 
 absl::Status CudaModel::RunSegment(int64_t segment, int64_t m, int64_t logits_rows) {
   Device& d = *dev_;
-  // Decode steps (every row is a sequence's one new token and gets logits) replay graphs, and
-  // so do full prefill chunks without logits (a prompt's chunks but its last; key -m).
-  const bool decode = logits_rows == m && m <= options_.max_batch;
-  const bool chunk = options_.graph_prefill_chunks && logits_rows == 0 &&
-                     m == options_.max_chunk && m > 1;
-  if (!(options_.use_graphs && (decode || chunk))) {
-    return EnqueueSegment(segment, m, logits_rows);
-  }
-  std::vector<cudaGraphExec_t>& execs = d.graphs[decode ? m : -m];
+  // Decode steps replay graphs of their segments, and so do full prefill chunks (key -m).
+  const int kind = GraphKind(m, logits_rows);
+  if (kind < 0) return EnqueueSegment(segment, m, logits_rows);
+  std::vector<cudaGraphExec_t>& execs = d.graphs[kind == kDecodeGraph ? m : -m];
   if (execs.empty()) execs.assign(static_cast<size_t>(config_.num_layers + 1), nullptr);
   cudaGraphExec_t& exec = execs[segment];
   if (exec == nullptr) {
@@ -329,6 +324,15 @@ absl::StatusOr<CudaAttentionProvider*> CudaModel::RowProvider(const StepRow& row
     RETURN_IF_ERROR(CudaDenseAttention::Create(options_.max_chunk, d.dense_rows.back().get()));
   }
   return d.dense_rows[row.row].get();
+}
+
+int CudaModel::GraphKind(int64_t m, int64_t logits_rows) const {
+  if (!options_.use_graphs) return -1;
+  if (logits_rows == m && m <= options_.max_batch) return kDecodeGraph;
+  if (options_.graph_prefill_chunks && logits_rows == 0 && m == options_.max_chunk && m > 1) {
+    return kChunkGraph;
+  }
+  return -1;
 }
 
 int64_t CudaModel::TpSize() const { return IsSharded(options_.tp) ? options_.tp->size() : 1; }
@@ -482,11 +486,9 @@ absl::Status CudaModel::Step(absl::Span<const StepRow> rows, absl::Span<const in
       cudaMemcpyAsync(d.q_indptr.as<int32_t>(), q_indptr, 8, cudaMemcpyHostToDevice, s), "copy"));
   ASSIGN_OR_RETURN(const std::vector<RowPlan> plan, PlanRows(rows));
   bool ran = false;
-  if (options_.use_graphs && logits_rows == m && m <= options_.max_batch) {
-    RETURN_IF_ERROR(RunStepGraph(kDecodeGraph, rows, plan, logits_rows, &ran));
-  } else if (options_.use_graphs && options_.graph_prefill_chunks && logits_rows == 0 &&
-             rows.size() == 1 && m == options_.max_chunk && m > 1) {
-    RETURN_IF_ERROR(RunStepGraph(kChunkGraph, rows, plan, logits_rows, &ran));
+  const int kind = GraphKind(m, logits_rows);
+  if (kind == kDecodeGraph || (kind == kChunkGraph && rows.size() == 1)) {
+    RETURN_IF_ERROR(RunStepGraph(kind, rows, plan, logits_rows, &ran));
   }
   if (!ran) {
     for (int64_t l = 0; l < config_.num_layers; ++l) {

@@ -333,6 +333,11 @@ class CudaModel {
   // The two kinds of whole-step graph held (Device::whole).
   static constexpr int kDecodeGraph = 0;  // one new token per row, logits for every row
   static constexpr int kChunkGraph = 1;   // one row of max_chunk new tokens, no logits
+  // Which graphs a step of m new tokens with logits_rows rows of logits replays: kDecodeGraph for
+  // a decode step (every row one new token with logits), kChunkGraph for a full prefill chunk
+  // without logits (a prompt's chunks but its last), -1 for none (use_graphs off, or any other
+  // step). RunSegment replays that kind's segment graphs; Step tries the whole-step graph first.
+  int GraphKind(int64_t m, int64_t logits_rows) const;
   static std::vector<StepGraphRow> StepGraphKey(absl::Span<const StepRow> rows,
                                                 absl::Span<const RowPlan> plan);
   // Captures the step's graph of kind `kind` for `key`: the graph held of that kind is updated
