@@ -13,8 +13,9 @@
 // so (a): at 1M tokens that is 2.15 GiB, ~0.5 ms at 4.3 TB/s, against 0.47 ms for the keys alone.
 //
 // ScoreKeysKernel (pass 1). Reads each key row once; writes logits [n, H] fp32 and one (max,
-// sum-exp) pair per (block, head); the last block to finish combines those into head_max and
-// head_inv_sum. Work mapping: a kv head's d-vector is read by L = d / 8 lanes, 16 bytes each; a
+// sum-exp) pair per (block, head); the last block of each group of 32 combines the group's, and
+// the last group's combines the groups into head_max and head_inv_sum (FinishScoreStats).
+// Work mapping: a kv head's d-vector is read by L = d / 8 lanes, 16 bytes each; a
 // warp covers 32 / L kv heads ("column"), kv_warps columns cover a token's whole row, and `rows`
 // such groups of warps walk the block's token range, T = 32 / g tokens per step for g = 4, 16 / g
 // otherwise (StepValues). The lane keeps the g query heads of its kv head (8 dims each) in registers, so q is
@@ -78,7 +79,6 @@ namespace {
 using score_internal::CarveScoreWorkspace;
 using score_internal::CombineStats;
 using score_internal::FinishScoreStats;
-using score_internal::kMaxScoreBlocks;
 using score_internal::PlanScoreGrid;
 using score_internal::ResidentBlocks;
 using score_internal::ScoreGrid;
@@ -360,7 +360,7 @@ cudaError_t LaunchScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
   const ScoreGrid grid =
       PlanScoreGrid(p.n, static_cast<int64_t>(rows) * T, resident);
   ScoreKeysKernel<D, G, kFp8><<<grid.blocks, threads, smem, stream>>>(
-      p, CarveScoreWorkspace(p.workspace), kv_warps, rows, grid.chunk);
+      p, CarveScoreWorkspace(p.workspace, p.num_heads), kv_warps, rows, grid.chunk);
   return cudaGetLastError();
 }
 
@@ -387,8 +387,7 @@ cudaError_t DispatchDim(const KeyScoreParams& p, int64_t group, cudaStream_t str
 }  // namespace
 
 size_t ScoreKeysWorkspaceBytes(int64_t num_heads) {
-  return 256 + static_cast<size_t>(kMaxScoreBlocks) * static_cast<size_t>(num_heads) *
-                   sizeof(float2);
+  return score_internal::ScoreWorkspaceSize(num_heads);
 }
 
 cudaError_t ScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
@@ -414,8 +413,7 @@ cudaError_t VoteFromLogits(const VoteParams& p, cudaStream_t stream) {
   const int64_t lanes = p.num_heads / 4;
   const bool vector = p.num_heads % 4 == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
   const int64_t tokens_per_block = vector ? threads / lanes * kVoteUnroll : threads;
-  const int blocks = static_cast<int>(
-      std::min<int64_t>((p.n + tokens_per_block - 1) / tokens_per_block, int64_t{1} << 16));
+  int64_t blocks = (p.n + tokens_per_block - 1) / tokens_per_block;
   void (*kernel)(VoteParams) = VoteScalarKernel;
   switch (vector ? lanes : 0) {
     case 1: kernel = VoteKernel<1>; break;
@@ -426,7 +424,15 @@ cudaError_t VoteFromLogits(const VoteParams& p, cudaStream_t stream) {
     case 32: kernel = VoteKernel<32>; break;
     default: break;
   }
-  return LaunchPdl(kernel, dim3(blocks), dim3(threads), smem, stream, /*cooperative=*/false, p);
+  // At most 4 waves of resident blocks, striding over the rest: on a selection-cache hit every
+  // block only reads the skip flag and returns, and launching 8192 of them (1M tokens) cost
+  // ~7 us more than 4 waves; the vote itself measured the same (H200, eighteenth session).
+  static std::atomic<int64_t> resident_cache{0};  // one occupancy for the instantiations: a bound
+  int64_t resident = 0;
+  TS_CUDA_RETURN_IF_ERROR(ResidentBlocks(kernel, threads, smem, &resident_cache, &resident));
+  blocks = std::min(blocks, 4 * resident);
+  return LaunchPdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), smem, stream,
+                   /*cooperative=*/false, p);
 }
 
 }  // namespace tokenselect::kernels::cuda

@@ -1,12 +1,14 @@
 // Pieces shared by the two key-scoring kernels (selection.h: ScoreKeys): key_scores.cu's
 // lane-arithmetic kernel (every shape) and key_scores_mma.cu's tensor-core kernel (head_dim 128,
 // query-head group 4). Included by those two files only.
-//   ScoreWorkspace      the launch counter and the per-(block, head) (max, sum-exp) partials
+//   ScoreWorkspace      the counters and the per-(block, head) and per-(group of blocks, head)
+//                       (max, sum-exp) partials
 //   PlanScoreGrid, ResidentBlocks   the launch grid
 //   CombineStats        merge of two online-softmax states
 //   FinishScoreStats    called by every thread once its block's partials are written: the last
-//                       block to finish combines all of them into head_max / head_inv_sum and
-//                       re-zeroes the counter
+//                       block of each group of blocks merges the group's, the last group's
+//                       merger merges the groups into head_max / head_inv_sum; re-zeroes the
+//                       counters
 #ifndef TOKENSELECT_KERNELS_CUDA_KEY_SCORES_INTERNAL_CUH_
 #define TOKENSELECT_KERNELS_CUDA_KEY_SCORES_INTERNAL_CUH_
 
@@ -20,16 +22,32 @@
 namespace tokenselect::kernels::cuda::score_internal {
 
 constexpr int kMaxScoreBlocks = 1024;
+// Blocks whose partials the last of them merges into one per head before the final merge.
+constexpr int kStatsGroup = 32;
+constexpr int kMaxStatsGroups = kMaxScoreBlocks / kStatsGroup;
 
 struct ScoreWorkspace {
-  unsigned int* counter;
-  float2* partial;  // [kMaxScoreBlocks, num_heads]: (max, sum-exp)
+  unsigned int* counter;        // groups merged
+  unsigned int* group_done;     // [kMaxStatsGroups] blocks finished per group
+  float2* partial;              // [kMaxScoreBlocks, num_heads]: (max, sum-exp) per block
+  float2* group_partial;        // [kMaxStatsGroups, num_heads]: per group of kStatsGroup blocks
 };
 
-inline ScoreWorkspace CarveScoreWorkspace(void* ws) {
+// Layout: the counters in the first 256 bytes, group_done, partial, group_partial.
+constexpr size_t kGroupDoneOffset = 256;
+constexpr size_t kPartialOffset = kGroupDoneOffset + kMaxStatsGroups * sizeof(unsigned int);
+inline size_t ScoreWorkspaceSize(int64_t num_heads) {
+  return kPartialOffset + static_cast<size_t>(kMaxScoreBlocks + kMaxStatsGroups) *
+                              static_cast<size_t>(num_heads) * sizeof(float2);
+}
+
+inline ScoreWorkspace CarveScoreWorkspace(void* ws, int64_t num_heads) {
+  char* base = static_cast<char*>(ws);
   ScoreWorkspace w;
-  w.counter = static_cast<unsigned int*>(ws);
-  w.partial = reinterpret_cast<float2*>(static_cast<char*>(ws) + 256);
+  w.counter = reinterpret_cast<unsigned int*>(base);
+  w.group_done = reinterpret_cast<unsigned int*>(base + kGroupDoneOffset);
+  w.partial = reinterpret_cast<float2*>(base + kPartialOffset);
+  w.group_partial = w.partial + static_cast<int64_t>(kMaxScoreBlocks) * num_heads;
   return w;
 }
 
@@ -80,54 +98,88 @@ __device__ __forceinline__ float2 CombineStats(float2 a, float2 b) {
   return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
 }
 
-__device__ __forceinline__ void FinishScoreStats(const KeyScoreParams& p, const ScoreWorkspace& ws) {
-  __shared__ bool is_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(ws.counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  // S consecutive lanes per head (S a power of two <= 32, as many as the block allows), lane s
-  // of a head's group taking blocks s, s + S, ... with 8 loads in flight; then the group meets
-  // in a fixed xor tree (CombineStats is symmetric, so every lane of the group ends with the
-  // same state: deterministic). The serial combine this replaced (one warp per head, lanes over
-  // the blocks) took ~12 dependent L2 round trips in one block at the end of every call.
-  const int num_heads = static_cast<int>(p.num_heads);
-  const int blocks = static_cast<int>(gridDim.x);
-  int group = 1;
-  while (group < 32 && 2 * group * num_heads <= static_cast<int>(blockDim.x)) group *= 2;
-  const int heads_per_round = static_cast<int>(blockDim.x) / group;
-  const int s = static_cast<int>(threadIdx.x) % group;
-  constexpr int kInFlight = 8;
+// Merges, per head h < num_heads, the states src[i * num_heads + h] for i in [0, count) into
+// dst[h] (or, when dst is null, into head_max / head_inv_sum), with the block's threads: as many
+// lanes per head as the block allows (a power of two up to 32). Lane s of a head's group takes
+// i = s, s + lanes, ... in order with kInFlight loads outstanding, then the group meets in a
+// fixed xor tree (CombineStats is symmetric, so every lane ends with the same state): the result
+// depends on count and num_heads only. Every thread of the block calls it.
+template <int kInFlight>
+__device__ __forceinline__ void CombinePartials(const float2* src, int count, int num_heads,
+                                                float2* dst, float* out_max,
+                                                float* out_inv_sum) {
+  const int threads = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  int lanes = 1;
+  while (lanes < 32 && 2 * lanes * num_heads <= threads) lanes *= 2;
+  const int heads_per_round = threads / lanes;
+  const int s = tid % lanes;
   for (int h0 = 0; h0 < num_heads; h0 += heads_per_round) {  // block-uniform
-    const int h = h0 + static_cast<int>(threadIdx.x) / group;
+    const int h = h0 + tid / lanes;
     float2 acc = make_float2(-INFINITY, 0.0f);
     if (h < num_heads) {
-      for (int b0 = s; b0 < blocks; b0 += kInFlight * group) {
+      for (int i0 = s; i0 < count; i0 += kInFlight * lanes) {
         float2 v[kInFlight];
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
-          const int b = b0 + u * group;
-          v[u] = b < blocks ? __ldcg(&ws.partial[b * num_heads + h])
-                            : make_float2(-INFINITY, 0.0f);
+          const int i = i0 + u * lanes;
+          v[u] = i < count ? __ldcg(&src[static_cast<int64_t>(i) * num_heads + h])
+                           : make_float2(-INFINITY, 0.0f);
         }
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) acc = CombineStats(acc, v[u]);
       }
     }
-    for (int off = 1; off < group; off <<= 1) {
+    for (int off = 1; off < lanes; off <<= 1) {
       float2 other;
       other.x = __shfl_xor_sync(0xffffffffu, acc.x, off);
       other.y = __shfl_xor_sync(0xffffffffu, acc.y, off);
       acc = CombineStats(acc, other);
     }
     if (s == 0 && h < num_heads) {
-      p.head_max[h] = acc.x;
-      p.head_inv_sum[h] = 1.0f / acc.y;
+      if (dst != nullptr) {
+        __stcg(&dst[h], acc);
+      } else {
+        out_max[h] = acc.x;
+        out_inv_sum[h] = 1.0f / acc.y;
+      }
     }
   }
-  if (threadIdx.x == 0) *ws.counter = 0;  // ready for the next launch
+}
+
+// True in every thread of the block that is the last to add 1 to *counter, whose final value
+// is `total` (the block's global writes before the call are then visible to it).
+__device__ __forceinline__ bool LastToArrive(unsigned int* counter, unsigned int total) {
+  __shared__ bool is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == total - 1;
+  __syncthreads();
+  if (!is_last) return false;
+  __threadfence();
+  return true;
+}
+
+// Called by every thread once its block's partials (ws.partial[blockIdx.x]) are written. The
+// last block of each group of kStatsGroup consecutive blocks merges the group's partials; the
+// last group to be merged merges the groups into head_max / head_inv_sum. Both merges run in a
+// fixed order (deterministic for a given grid), and each is one or two dependent L2 round trips
+// however many blocks the grid has (one merge over the 263 blocks of an H200 took five). The
+// counters are re-zeroed for the next launch.
+__device__ __forceinline__ void FinishScoreStats(const KeyScoreParams& p, const ScoreWorkspace& ws) {
+  const int num_heads = static_cast<int>(p.num_heads);
+  const int blocks = static_cast<int>(gridDim.x);
+  const int group = static_cast<int>(blockIdx.x) / kStatsGroup;
+  const int first = group * kStatsGroup;
+  const int members = min(kStatsGroup, blocks - first);
+  if (!LastToArrive(&ws.group_done[group], static_cast<unsigned int>(members))) return;
+  CombinePartials<8>(ws.partial + static_cast<int64_t>(first) * num_heads, members, num_heads,
+                     ws.group_partial + static_cast<int64_t>(group) * num_heads, nullptr,
+                     nullptr);
+  if (threadIdx.x == 0) ws.group_done[group] = 0;  // ready for the next launch
+  const int groups = (blocks + kStatsGroup - 1) / kStatsGroup;
+  if (!LastToArrive(ws.counter, static_cast<unsigned int>(groups))) return;
+  CombinePartials<8>(ws.group_partial, groups, num_heads, nullptr, p.head_max, p.head_inv_sum);
+  if (threadIdx.x == 0) *ws.counter = 0;
 }
 
 // The tensor-core kernel (key_scores_mma.cu) for the shapes it covers; cudaErrorNotSupported for

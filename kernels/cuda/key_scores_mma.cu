@@ -111,6 +111,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int kMmas = Traits::kMmas;
   constexpr int kVecs = kWords / 4;  // 16-byte loads per token
   __shared__ float2 sm_stats[kThreads / 32][kG];
+  PdlWait();  // launched as a dependent of the kernel ahead (the query's, or the cache check's)
   if (p.skip != nullptr && *p.skip != 0) return;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -140,26 +141,27 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   float2 stats = make_float2(-INFINITY, 0.0f);  // head t of this warp's kv head
-  const int64_t stride = static_cast<int64_t>(rows) * kTile;
-  const int64_t n = max(ResolveLength(p.device_n, p.n), int64_t{1});  // as the lane kernel
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
-  const int64_t end = min(n, begin + chunk);
+  // Token indices fit in 32 bits (ScoreKeys takes n <= INT32_MAX - 2^20).
+  const int n = static_cast<int>(max(ResolveLength(p.device_n, p.n), int64_t{1}));
+  const int begin = static_cast<int>(blockIdx.x * chunk);
+  const int end = static_cast<int>(min(static_cast<int64_t>(n), begin + chunk));
+  const int stride = rows * kTile;
   const uint4* keys = static_cast<const uint4*>(p.k_cache);
   // 16-byte vectors per cache row, and this lane's first vector within a row.
   const int64_t row_vecs = p.num_kv_heads * kD * (kFp8 ? 1 : 2) / 16;
   const int64_t lane_vec = (kv * kD + 32 * t) * (kFp8 ? 1 : 2) / 16;
   uint4 raw[2][kVecs];  // tokens g and g + 8
-  auto load_tile = [&](int64_t base) {
+  auto load_tile = [&](int base) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int64_t tok = min(base + g + 8 * r, end - 1);  // clamped: an L2 hit, masked later
+      const int tok = min(base + g + 8 * r, end - 1);  // clamped: an L2 hit, masked later
       const int64_t slot = __ldg(p.slots + tok);
       const uint4* src = keys + slot * row_vecs + lane_vec;
 #pragma unroll
       for (int v = 0; v < kVecs; ++v) raw[r][v] = __ldg(src + v);
     }
   };
-  int64_t base = begin + static_cast<int64_t>(row) * kTile;
+  int base = begin + row * kTile;
   if (base < end) load_tile(base);
   const int num_heads = static_cast<int>(p.num_heads);
   for (; base < end; base += stride) {
@@ -199,10 +201,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int r = 0; r < 2; ++r) {
       float dot = c[0][2 * r] + c[0][2 * r + 1];
       if constexpr (kMmas == 2) dot += c[1][2 * r];
-      const int64_t tok = base + g + 8 * r;
+      const int tok = base + g + 8 * r;
       if (tok < end) {
         const float s = dot * p.scale;
-        p.logits[tok * num_heads + kv * kG + t] = s;
+        p.logits[static_cast<int64_t>(tok) * num_heads + kv * kG + t] = s;
         const float m_new = fmaxf(stats.x, s);
         stats.y = stats.y * __expf(stats.x - m_new) + __expf(s - m_new);
         stats.x = m_new;
@@ -236,11 +238,10 @@ cudaError_t Launch(const KeyScoreParams& p, cudaStream_t stream) {
   int64_t resident = 0;
   TS_CUDA_RETURN_IF_ERROR(
       ResidentBlocks(ScoreKeysMmaKernel<kFp8>, kThreads, 0, &resident_cache, &resident));
-  const ScoreGrid grid =
-      PlanScoreGrid(p.n, static_cast<int64_t>(rows) * kTile, resident);
-  ScoreKeysMmaKernel<kFp8><<<grid.blocks, kThreads, 0, stream>>>(
-      p, CarveScoreWorkspace(p.workspace), rows, grid.chunk);
-  return cudaGetLastError();
+  const ScoreGrid grid = PlanScoreGrid(p.n, static_cast<int64_t>(rows) * kTile, resident);
+  return LaunchPdl(ScoreKeysMmaKernel<kFp8>, dim3(grid.blocks), dim3(kThreads), 0, stream,
+                   /*cooperative=*/false, p, CarveScoreWorkspace(p.workspace, p.num_heads), rows,
+                   grid.chunk);
 }
 
 }  // namespace

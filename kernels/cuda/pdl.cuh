@@ -7,7 +7,8 @@
 // so a dependent block never takes resources that a not-yet-started block of it needs.
 // Without the attribute (or before sm_90) both calls do nothing and LaunchPdl is a plain
 // launch; captured into a CUDA graph the attribute becomes a programmatic edge.
-// Used for the selection chain ScoreKeys -> VoteFromLogits -> TopK. Measured (H200, twelfth
+// Used for the selection chain ScoreKeys -> VoteFromLogits -> TopK (ScoreKeys itself a dependent
+// of the kernel that writes its query or skip flag). Measured (H200, twelfth
 // session, same binary with and without the attribute): selection 0.0486 / 0.1044 / 0.3259 /
 // 0.6125 ms -> 0.0468 / 0.1023 / 0.3244 / 0.6115 at 32K / 128K / 512K / 1M; TP=2 FP8 decode at 1M
 // 12.08 / 11.96 -> 12.05 / 11.80 ms per token (within the run-to-run spread).

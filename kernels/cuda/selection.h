@@ -22,8 +22,9 @@
 // bf16 cache of the dequantized keys). The launchers take a cudaStream_t, never synchronise, and
 // return the first CUDA error (cudaErrorInvalidValue for unsupported shapes: head_dim 64 or 128,
 // group size 1, 2, 4 or 8).
-// On sm_90+ VoteFromLogits and TopK are launched as programmatic dependents of the kernel ahead
-// of them (pdl.cuh): their blocks start while it finishes and wait for its completion.
+// On sm_90+ VoteFromLogits, TopK and ScoreKeys' tensor-core kernel are launched as programmatic
+// dependents of the kernel ahead of them (pdl.cuh): their blocks start while it finishes and
+// wait for its completion.
 //
 // Device lengths: ScoreKeys, VoteFromLogits and TopK take an optional `device_n`
 // (device_length.h); n is then a bound that sizes the grids and the kernels read the current
@@ -67,7 +68,8 @@ struct KeyScoreParams {
 size_t ScoreKeysWorkspaceBytes(int64_t num_heads);
 
 // One pass over the keys: logits, plus the per-head softmax statistics (per-block partial
-// max/sum-exp, combined by the last block to finish). n == 0 writes nothing.
+// max/sum-exp, combined per group of blocks, then across groups, by the last blocks to finish).
+// n == 0 writes nothing.
 cudaError_t ScoreKeys(const KeyScoreParams& params, cudaStream_t stream);
 
 enum class VoteMode { kSoftVote, kSumLogits };

@@ -2,6 +2,8 @@
 // selection oracle (engine/selection: ScoreCandidates, SoftVote, SumOverHeads, TopKByScore) on
 // fresh random inputs, odd sizes, groups 1/2/4/8 and head dims 64/128. Outputs are poisoned with
 // NaN (-1 for indices) before every run, so an unwritten element fails.
+// ScoreKeys' statistics bit for bit across repeated calls (whichever block finishes last), and
+// within 1e-6 under a device length (the grid then follows the bound).
 // SelectionCacheCheck against the CPU cache's rule (engine/selection/selection_cache.h: cosine
 // in double, clamped, 0 for a zero vector; the CPU cosine is re-stated here, because
 // selection_cache.cc needs the policy library), step by step over query sequences and thetas;
@@ -81,6 +83,9 @@ struct ScoreCase {
   int64_t num_kv_heads;
   int64_t head_dim;
   int64_t k;
+  // 0: n distinct slots out of n + 777; else the candidates' slots drawn (with repeats) from a
+  // cache of this many rows, so that long lists need no host memory for n distinct keys.
+  int64_t slot_pool = 0;
 };
 
 class SelectionGpuTest : public ::testing::TestWithParam<ScoreCase> {};
@@ -89,7 +94,7 @@ TEST_P(SelectionGpuTest, ScoreVoteTopKMatchCpu) {
   const ScoreCase c = GetParam();
   std::mt19937 rng(std::random_device{}());
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const int64_t num_slots = c.n + 777;
+  const int64_t num_slots = c.slot_pool > 0 ? c.slot_pool : c.n + 777;
   const int64_t row = c.num_kv_heads * c.head_dim;
   std::vector<float> keys(static_cast<size_t>(num_slots * row));
   for (float& x : keys) x = normal(rng);
@@ -98,10 +103,16 @@ TEST_P(SelectionGpuTest, ScoreVoteTopKMatchCpu) {
   std::vector<float> query(static_cast<size_t>(c.num_heads * c.head_dim));
   const float q_std = 3.0f / std::sqrt(static_cast<float>(c.head_dim));
   for (float& x : query) x = normal(rng) * q_std;
-  std::vector<int32_t> perm(static_cast<size_t>(num_slots));
-  for (int64_t i = 0; i < num_slots; ++i) perm[i] = static_cast<int32_t>(i);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int32_t> slots(perm.begin(), perm.begin() + c.n);
+  std::vector<int32_t> slots(static_cast<size_t>(c.n));
+  if (c.slot_pool > 0) {
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(num_slots - 1));
+    for (int32_t& slot : slots) slot = pick(rng);
+  } else {
+    std::vector<int32_t> perm(static_cast<size_t>(num_slots));
+    for (int64_t i = 0; i < num_slots; ++i) perm[i] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    slots.assign(perm.begin(), perm.begin() + c.n);
+  }
   const float scale = 1.0f;
 
   // CPU oracle.
@@ -221,13 +232,97 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ScoreCase{1, 32, 8, 128, 2048},         // one token
                       ScoreCase{1001, 32, 8, 128, 2048},      // k > n
                       ScoreCase{70001, 32, 8, 128, 2048},     // Llama-3-8B, g = 4
+                      // Tensor-core scoring (g = 4, d = 128) at the TP = 2 / 4 / 8 head counts
+                      // (2, 4, 8 rows of warps), and a length past a thousand blocks.
+                      ScoreCase{60013, 16, 4, 128, 2048},
+                      ScoreCase{20011, 8, 2, 128, 1024},
+                      ScoreCase{9001, 4, 1, 128, 512},
+                      ScoreCase{600011, 32, 8, 128, 2048, 65536},
                       ScoreCase{40009, 32, 4, 128, 1000},     // g = 8
                       ScoreCase{33333, 8, 8, 128, 777},       // g = 1
                       ScoreCase{25013, 12, 6, 64, 513},       // g = 2, d = 64
                       ScoreCase{50021, 12, 3, 64, 4097},      // g = 4, odd kv heads
                       ScoreCase{30011, 16, 2, 64, 16384}));   // g = 8, d = 64, large k
 
-// Top-k alone on adversarial scores: many exact ties, NaN, +-0, +-inf, negatives.
+// ScoreKeys' statistics come from a fixed summation order whichever block finishes last (the
+// blocks' partials are merged per group of blocks, then across groups, by whichever block
+// arrives last): repeated calls give the same bits. A call whose length is read from the device
+// under a larger bound (a graph's replay) splits the tokens into blocks by the bound, so its
+// sums may differ in the last bits; its logits and maxima may not. Shapes of both kernels: tensor
+// cores for d = 128, g = 4 (TP = 1 and 2 head counts), the lane kernel otherwise; lengths from
+// one tile to past a thousand blocks.
+TEST(ScoreKeysGpuTest, StatisticsAreDeterministicAndFollowTheDeviceLength) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct Shape {
+    int64_t heads, kv_heads, dim;
+  };
+  for (const Shape shape : {Shape{32, 8, 128}, Shape{16, 4, 128}, Shape{32, 4, 128}}) {
+    for (int64_t n : {63, 64, 2048, 2049, 70001, 524289 + 77}) {
+      SCOPED_TRACE(testing::Message() << "heads " << shape.heads << "/" << shape.kv_heads
+                                      << ", n " << n);
+      const int64_t pool = 4099, bound = n + 3001;
+      std::vector<float> keys(static_cast<size_t>(pool * shape.kv_heads * shape.dim));
+      for (float& x : keys) x = normal(rng);
+      const std::vector<uint16_t> key_bits = gpu_test::RoundToBf16(&keys);
+      std::vector<float> query(static_cast<size_t>(shape.heads * shape.dim));
+      for (float& x : query) x = normal(rng) * 3.0f / std::sqrt(static_cast<float>(shape.dim));
+      std::vector<int32_t> slots(static_cast<size_t>(bound));
+      std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(pool - 1));
+      for (int32_t& slot : slots) slot = pick(rng);
+      DeviceBuffer<uint16_t> d_keys(key_bits);
+      DeviceBuffer<float> d_query(query);
+      DeviceBuffer<int32_t> d_slots(slots);
+      DeviceBuffer<int32_t> d_n(std::vector<int32_t>{static_cast<int32_t>(n)});
+      SoftVoteBuffers sv(bound, shape.heads, shape.kv_heads, shape.dim, d_query.get(),
+                         d_keys.get(), d_slots.get());
+      struct Result {
+        std::vector<float> logits, max, inv;
+      };
+      auto run = [&](bool device_length) {
+        sv.logits.Poison();
+        sv.head_max.Poison();
+        sv.inv_sum.Poison();
+        KeyScoreParams sp = sv.sp;
+        sp.n = device_length ? bound : n;
+        if (device_length) sp.device_n.count = d_n.get();
+        EXPECT_EQ(ScoreKeys(sp, nullptr), cudaSuccess);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        Result r{sv.logits.Download(), sv.head_max.Download(), sv.inv_sum.Download()};
+        r.logits.resize(static_cast<size_t>(n * shape.heads));
+        return r;
+      };
+      const Result first = run(false);
+      for (float v : first.logits) ASSERT_FALSE(std::isnan(v)) << "a logit was not written";
+      for (int rep = 0; rep < 3; ++rep) {
+        const Result again = run(rep == 2);
+        ASSERT_EQ(std::memcmp(again.logits.data(), first.logits.data(),
+                              first.logits.size() * sizeof(float)),
+                  0)
+            << "logits differ, run " << rep;
+        for (int64_t h = 0; h < shape.heads; ++h) {
+          ASSERT_EQ(std::memcmp(&again.max[h], &first.max[h], sizeof(float)), 0) << "max " << h;
+          if (rep < 2) {
+            ASSERT_EQ(std::memcmp(&again.inv[h], &first.inv[h], sizeof(float)), 0)
+                << "inv_sum " << h << ", run " << rep;
+          } else {
+            ASSERT_NEAR(again.inv[h] / first.inv[h], 1.0, 1e-6)
+                << "inv_sum " << h << " (device length)";
+          }
+        }
+      }
+      // And right: against double precision over the logits themselves.
+      for (int64_t h = 0; h < shape.heads; ++h) {
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; ++j) m = std::max<double>(m, first.logits[j * shape.heads + h]);
+        for (int64_t j = 0; j < n; ++j) sum += std::exp(first.logits[j * shape.heads + h] - m);
+        EXPECT_EQ(first.max[h], static_cast<float>(m)) << "head " << h;
+        EXPECT_NEAR(first.inv[h] * sum, 1.0, 1e-4) << "head " << h;
+      }
+    }
+  }
+}
+
 // HeadSoftmaxStats (TP-invariant numerics): against a double-precision reference, and a head's
 // statistics from the logits of all heads bit for bit those from a copy holding only half of
 // the heads (what a tensor-parallel rank scores), over n below, at and across the kernel's block
@@ -304,6 +399,7 @@ TEST(HeadStatsGpuTest, MatchReferenceAndDoNotDependOnTheHeadCount) {
   for (float v : d_max.Download()) EXPECT_TRUE(std::isnan(v));
 }
 
+// Top-k alone on adversarial scores: many exact ties, NaN, +-0, +-inf, negatives.
 TEST(TopKGpuTest, MatchesCpuExactlyWithTies) {
   std::mt19937 rng(std::random_device{}());
   const int64_t sizes[] = {1, 7, 1000, 4096 * 3 + 5, (int64_t{1} << 20) + 3, int64_t{4} << 20};
