@@ -53,9 +53,14 @@ inline bool DeviceIsSm90OrLater() {
   return major >= 9;
 }
 
-// Every tuned attention kernel's opt-in (prefill and decode, bf16 and FP8 caches) on the
-// current device. CudaModel calls it at construction; launches then never set attributes.
+// Every tuned attention kernel's opt-in (prefill and decode, bf16 and FP8 caches), and the
+// tensor-core key scoring's (key_scores_mma.cu), on the current device. CudaModel calls it at
+// construction; launches then never set attributes.
 cudaError_t PrepareAttentionKernels();
+
+namespace score_internal {
+cudaError_t ConfigureScoreKeysMmaKernels();  // key_scores_mma.cu
+}  // namespace score_internal
 
 }  // namespace tokenselect::kernels::cuda
 

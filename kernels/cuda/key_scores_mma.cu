@@ -26,7 +26,8 @@
 // query fragments (registers for the whole kernel) use the same permutation. The accumulator
 // of lane (g, t) then holds head t's logits of tokens g and g + 8: stored, and folded into the
 // lane's online (max, sum-exp); quads, then rows of warps, then blocks combine those
-// (key_scores_internal.cuh). The next tile's keys are loaded before this tile's MMAs.
+// (key_scores_internal.cuh). The next tile's keys are loaded before this tile's MMAs: into
+// registers for FP8 keys, through a per-warp ring in shared memory (cp.async) for bf16 keys.
 //
 // Tried for FP8 (eighth session, bench_fp8_kv_cuda on an H200, two runs each): loading two
 // tiles ahead instead of one, the same bytes in flight per warp as bf16: 0.389 ms at 1M keys
@@ -42,6 +43,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/kernel_attributes.h"
 #include "kernels/cuda/key_scores_internal.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/selection.h"
@@ -103,7 +105,29 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
   }
 }
 
-template <bool kFp8>
+// 16 bytes global -> shared without registers (sm_80+), cached in L1 (.ca): a lane's four 16-byte
+// pieces of a token row are 64 bytes apart from its neighbours', so each copy uses half of a
+// 32-byte sector and the next copy the other half; with .cg (L2 only) every sector crossed from
+// L2 twice and the kernel ran at half speed (0.565 against 0.288 ms at 512K).
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// kStages > 0 (bf16 keys): the next tile's keys go to a per-warp ring of kStages tiles in shared
+// memory (cp.async) instead of registers; each lane reads back only the pieces it copied, so no
+// barrier is needed. Measured against the register version (H200, eighteenth session, same
+// binary): 512K scoring 0.2881 / 0.2880 against 0.2897 / 0.2900 ms, 1M 0.5596 / 0.5597 against
+// 0.5622 / 0.5622; 3 stages (two tiles in flight, 96 KiB per block) 0.2999 / 0.3000 (the L1
+// that .ca needs shrinks). FP8 keys keep the registers (80 of them: 3 blocks per SM).
+template <bool kFp8, int kStages>
 __global__ void __launch_bounds__(kThreads, 2)
     ScoreKeysMmaKernel(KeyScoreParams p, ScoreWorkspace ws, int rows, int64_t chunk) {
   using Traits = MmaTraits<kFp8>;
@@ -150,6 +174,20 @@ __global__ void __launch_bounds__(kThreads, 2)
   // 16-byte vectors per cache row, and this lane's first vector within a row.
   const int64_t row_vecs = p.num_kv_heads * kD * (kFp8 ? 1 : 2) / 16;
   const int64_t lane_vec = (kv * kD + 32 * t) * (kFp8 ? 1 : 2) / 16;
+  extern __shared__ uint4 sm_stage[];  // kStages > 0: [warp][stage][2 * kVecs][32 lanes]
+  auto stage_at = [&](int stage, int i) {
+    return sm_stage + ((warp * kStages + stage) * (2 * kVecs) + i) * 32 + lane;
+  };
+  auto issue_tile = [&](int base, int stage) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tok = min(base + g + 8 * r, end - 1);
+      const int64_t slot = __ldg(p.slots + tok);
+      const uint4* src = keys + slot * row_vecs + lane_vec;
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) CpAsync16(stage_at(stage, r * kVecs + v), src + v);
+    }
+  };
   uint4 raw[2][kVecs];  // tokens g and g + 8
   auto load_tile = [&](int base) {
 #pragma unroll
@@ -162,22 +200,50 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
   int base = begin + row * kTile;
-  if (base < end) load_tile(base);
+  int issue = base, stage = 0;
+  if constexpr (kStages > 0) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (issue < end) issue_tile(issue, s);
+      CpAsyncCommit();
+      issue += stride;
+    }
+  } else {
+    if (base < end) load_tile(base);
+  }
   const int num_heads = static_cast<int>(p.num_heads);
   for (; base < end; base += stride) {
-    // The A fragments of the 8 MMAs, then the next tile's loads into the freed registers.
     uint32_t words[2][kWords];
+    if constexpr (kStages > 0) {
+      if (issue < end) issue_tile(issue, (stage + kStages - 1) % kStages);
+      CpAsyncCommit();
+      issue += stride;
+      CpAsyncWait<kStages - 1>();
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < 2; ++r) {
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v) {
-        words[r][4 * v] = raw[r][v].x;
-        words[r][4 * v + 1] = raw[r][v].y;
-        words[r][4 * v + 2] = raw[r][v].z;
-        words[r][4 * v + 3] = raw[r][v].w;
+        for (int v = 0; v < kVecs; ++v) {
+          const uint4 q = *stage_at(stage, r * kVecs + v);
+          words[r][4 * v] = q.x;
+          words[r][4 * v + 1] = q.y;
+          words[r][4 * v + 2] = q.z;
+          words[r][4 * v + 3] = q.w;
+        }
       }
+      stage = (stage + 1) % kStages;
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          words[r][4 * v] = raw[r][v].x;
+          words[r][4 * v + 1] = raw[r][v].y;
+          words[r][4 * v + 2] = raw[r][v].z;
+          words[r][4 * v + 3] = raw[r][v].w;
+        }
+      }
+      if (base + stride < end) load_tile(base + stride);
     }
-    if (base + stride < end) load_tile(base + stride);
     float c[kMmas][4] = {};
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -212,6 +278,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
+  if constexpr (kStages > 0) CpAsyncWait<0>();
   PdlAllowDependents();  // the vote may launch: what is left is this block's statistics
   // Head t's state: over the 8 lanes of equal t, then over the rows of warps.
 #pragma unroll
@@ -231,17 +298,35 @@ __global__ void __launch_bounds__(kThreads, 2)
   FinishScoreStats(p, ws);
 }
 
-template <bool kFp8>
+template <bool kFp8, int kStages>
+constexpr size_t kStageBytes =
+    static_cast<size_t>(kThreads / 32) * kStages * 2 * MmaTraits<kFp8>::kWords / 4 * 32 * 16;
+
+// The shared-memory opt-in (over 48 KiB) on the current device, once (kernel_attributes.h).
+template <bool kFp8, int kStages>
+cudaError_t Configure() {
+  if constexpr (kStageBytes<kFp8, kStages> == 0) {
+    return cudaSuccess;
+  } else {
+    static std::atomic<uint64_t> done{0};
+    return OptInSharedMemoryOnce(ScoreKeysMmaKernel<kFp8, kStages>, kStageBytes<kFp8, kStages>,
+                                 &done);
+  }
+}
+
+template <bool kFp8, int kStages>
 cudaError_t Launch(const KeyScoreParams& p, cudaStream_t stream) {
   const int rows = kThreads / 32 / static_cast<int>(p.num_kv_heads);
+  constexpr size_t kSmem = kStageBytes<kFp8, kStages>;
+  TS_CUDA_RETURN_IF_ERROR((Configure<kFp8, kStages>()));
   static std::atomic<int64_t> resident_cache{0};
   int64_t resident = 0;
-  TS_CUDA_RETURN_IF_ERROR(
-      ResidentBlocks(ScoreKeysMmaKernel<kFp8>, kThreads, 0, &resident_cache, &resident));
+  TS_CUDA_RETURN_IF_ERROR(ResidentBlocks(ScoreKeysMmaKernel<kFp8, kStages>, kThreads, kSmem,
+                                         &resident_cache, &resident));
   const ScoreGrid grid = PlanScoreGrid(p.n, static_cast<int64_t>(rows) * kTile, resident);
-  return LaunchPdl(ScoreKeysMmaKernel<kFp8>, dim3(grid.blocks), dim3(kThreads), 0, stream,
-                   /*cooperative=*/false, p, CarveScoreWorkspace(p.workspace, p.num_heads), rows,
-                   grid.chunk);
+  return LaunchPdl(ScoreKeysMmaKernel<kFp8, kStages>, dim3(grid.blocks), dim3(kThreads), kSmem,
+                   stream, /*cooperative=*/false, p, CarveScoreWorkspace(p.workspace, p.num_heads),
+                   rows, grid.chunk);
 }
 
 }  // namespace
@@ -251,7 +336,10 @@ cudaError_t LaunchScoreKeysMma(const KeyScoreParams& p, cudaStream_t stream) {
   if (p.head_dim != kD || p.num_heads != kG * kv || !(kv == 1 || kv == 2 || kv == 4 || kv == 8)) {
     return cudaErrorNotSupported;
   }
-  return p.kv_type == KvCacheType::kFp8E4M3 ? Launch<true>(p, stream) : Launch<false>(p, stream);
+  return p.kv_type == KvCacheType::kFp8E4M3 ? Launch<true, 0>(p, stream)
+                                            : Launch<false, 2>(p, stream);
 }
+
+cudaError_t ConfigureScoreKeysMmaKernels() { return Configure<false, 2>(); }
 
 }  // namespace tokenselect::kernels::cuda::score_internal

@@ -418,7 +418,8 @@ cudaError_t PrepareAttentionKernels() {
   for (cudaError_t e : {prefill_internal::ConfigurePrefillKernels<KvSource::kBf16Cache>(),
                         prefill_internal::ConfigurePrefillKernelsGathered(),
                         prefill_internal::ConfigurePrefillKernelsFp8(),
-                        internal::ConfigureDecodeMmaKernels()}) {
+                        internal::ConfigureDecodeMmaKernels(),
+                        score_internal::ConfigureScoreKeysMmaKernels()}) {
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
