@@ -178,26 +178,26 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto stage_at = [&](int stage, int i) {
     return sm_stage + ((warp * kStages + stage) * (2 * kVecs) + i) * 32 + lane;
   };
-  auto issue_tile = [&](int base, int stage) {
+  // fn(r, v, src): the v-th 16-byte piece of this lane's part of token base + g + 8 r (clamped:
+  // an L2 hit, masked later).
+  auto for_each_piece = [&](int base, auto&& fn) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int tok = min(base + g + 8 * r, end - 1);
       const int64_t slot = __ldg(p.slots + tok);
       const uint4* src = keys + slot * row_vecs + lane_vec;
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v) CpAsync16(stage_at(stage, r * kVecs + v), src + v);
+      for (int v = 0; v < kVecs; ++v) fn(r, v, src + v);
     }
+  };
+  auto issue_tile = [&](int base, int stage) {
+    for_each_piece(base, [&](int r, int v, const uint4* src) {
+      CpAsync16(stage_at(stage, r * kVecs + v), src);
+    });
   };
   uint4 raw[2][kVecs];  // tokens g and g + 8
   auto load_tile = [&](int base) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int tok = min(base + g + 8 * r, end - 1);  // clamped: an L2 hit, masked later
-      const int64_t slot = __ldg(p.slots + tok);
-      const uint4* src = keys + slot * row_vecs + lane_vec;
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v) raw[r][v] = __ldg(src + v);
-    }
+    for_each_piece(base, [&](int r, int v, const uint4* src) { raw[r][v] = __ldg(src); });
   };
   int base = begin + row * kTile;
   int issue = base, stage = 0;
@@ -213,35 +213,29 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   const int num_heads = static_cast<int>(p.num_heads);
   for (; base < end; base += stride) {
-    uint32_t words[2][kWords];
     if constexpr (kStages > 0) {
       if (issue < end) issue_tile(issue, (stage + kStages - 1) % kStages);
       CpAsyncCommit();
       issue += stride;
       CpAsyncWait<kStages - 1>();
+    }
+    // The A fragments of the 8 MMAs (from this tile's stage, or its registers), then the next
+    // tile's loads into the freed registers.
+    uint32_t words[2][kWords];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < 2; ++r) {
 #pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-          const uint4 q = *stage_at(stage, r * kVecs + v);
-          words[r][4 * v] = q.x;
-          words[r][4 * v + 1] = q.y;
-          words[r][4 * v + 2] = q.z;
-          words[r][4 * v + 3] = q.w;
-        }
+      for (int v = 0; v < kVecs; ++v) {
+        const uint4 q = kStages > 0 ? *stage_at(stage, r * kVecs + v) : raw[r][v];
+        words[r][4 * v] = q.x;
+        words[r][4 * v + 1] = q.y;
+        words[r][4 * v + 2] = q.z;
+        words[r][4 * v + 3] = q.w;
       }
+    }
+    if constexpr (kStages > 0) {
       stage = (stage + 1) % kStages;
     } else {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-          words[r][4 * v] = raw[r][v].x;
-          words[r][4 * v + 1] = raw[r][v].y;
-          words[r][4 * v + 2] = raw[r][v].z;
-          words[r][4 * v + 3] = raw[r][v].w;
-        }
-      }
       if (base + stride < end) load_tile(base + stride);
     }
     float c[kMmas][4] = {};
