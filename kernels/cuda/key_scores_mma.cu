@@ -107,8 +107,11 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
 
 // 16 bytes global -> shared without registers (sm_80+), cached in L1 (.ca): a lane's four 16-byte
 // pieces of a token row are 64 bytes apart from its neighbours', so each copy uses half of a
-// 32-byte sector and the next copy the other half; with .cg (L2 only) every sector crossed from
-// L2 twice and the kernel ran at half speed (0.565 against 0.288 ms at 512K).
+// 32-byte sector and the next copy the other half, from L1. Copies that bypass L1 were slower
+// on an H200 whatever their shape: these as .cg 0.565 against 0.288 ms at 512K (eighteenth
+// session); coalesced .cg copies of whole token slices 0.330-0.332, per-warp bulk copies
+// (cp.async.bulk, an mbarrier per stage) 0.337-0.357 (nineteenth, docs/performance.md). An L2
+// prefetch-size hint on these copies: .L2::128B the same, .L2::256B slower (0.302 ms).
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem) : "memory");
