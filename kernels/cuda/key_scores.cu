@@ -274,31 +274,39 @@ __global__ void VoteKernel(VoteParams p) {
   const int64_t n = ResolveLength(p.device_n, p.n);
   const int num_heads = static_cast<int>(p.num_heads);
   const bool soft = p.mode == VoteMode::kSoftVote;
-  for (int h = threadIdx.x; h < num_heads; h += blockDim.x) {
-    sm_head[h] = soft ? p.head_max[h] : 0.0f;
-    sm_head[num_heads + h] = soft ? p.head_inv_sum[h] : 1.0f;
-  }
-  __syncthreads();
   constexpr int kTokensPerWarp = 32 / kLanes;
   const int lane = threadIdx.x & 31;
   const int sub = lane % kLanes;
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  // kVoteUnroll rows per lane group per step, loads first (clamped, results masked). The first
+  // step's loads go out before the statistics', so that the two round trips overlap: the vote
+  // at 512K 17.1 -> 16.6-16.7 us, the selection 0.3209-0.3212 -> 0.3203-0.3204 ms (H200, same
+  // call, nineteenth session).
+  constexpr int64_t kStep = kTokensPerWarp * kVoteUnroll;
+  float4 s[kVoteUnroll];
+  auto load_step = [&](int64_t base) {
+#pragma unroll
+    for (int u = 0; u < kVoteUnroll; ++u) {
+      const int64_t j = min(base + u * kTokensPerWarp + lane / kLanes, n - 1);
+      s[u] = __ldcs(reinterpret_cast<const float4*>(p.logits + j * num_heads) + sub);
+    }
+  };
+  const int64_t first = warp * kStep;
+  if (first < n) load_step(first);
+  for (int h = threadIdx.x; h < num_heads; h += blockDim.x) {
+    sm_head[h] = soft ? p.head_max[h] : 0.0f;
+    sm_head[num_heads + h] = soft ? p.head_inv_sum[h] : 1.0f;
+  }
+  __syncthreads();
   float m[4], inv[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     m[e] = sm_head[sub * 4 + e];
     inv[e] = sm_head[num_heads + sub * 4 + e];
   }
-  // kVoteUnroll rows per lane group per step, loads first (clamped, results masked).
-  constexpr int64_t kStep = kTokensPerWarp * kVoteUnroll;
-  for (int64_t base = warp * kStep; base < n; base += warps * kStep) {
-    float4 s[kVoteUnroll];
-#pragma unroll
-    for (int u = 0; u < kVoteUnroll; ++u) {
-      const int64_t j = min(base + u * kTokensPerWarp + lane / kLanes, n - 1);
-      s[u] = __ldcs(reinterpret_cast<const float4*>(p.logits + j * num_heads) + sub);
-    }
+  for (int64_t base = first; base < n; base += warps * kStep) {
+    if (base != first) load_step(base);
 #pragma unroll
     for (int u = 0; u < kVoteUnroll; ++u) {
       const float sv[4] = {s[u].x, s[u].y, s[u].z, s[u].w};
