@@ -110,7 +110,8 @@ cudaError_t HeadSoftmaxStats(const HeadStatsParams& params, cudaStream_t stream)
 struct TopKParams {
   int32_t* out = nullptr;               // [min(k, n)] indices, ascending
   const float* scores = nullptr;        // [n]
-  // TopKWorkspaceBytes() bytes, zeroed once after allocation (the kernel leaves it zeroed).
+  // TopKWorkspaceBytes() bytes, 16-byte aligned, zeroed once after allocation (the kernel leaves
+  // it zeroed).
   void* workspace = nullptr;
   int64_t n = 0;                        // up to 2^31 - 1; a bound when device_n is set
   DeviceLength device_n;                // optional: the current n on the device

@@ -455,6 +455,8 @@ size_t TopKWorkspaceBytes(int64_t /*n*/) { return kWorkspaceWords * sizeof(uint3
 
 cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   if (p.n < 0 || p.k < 0 || p.n > INT32_MAX) return cudaErrorInvalidValue;
+  // The histograms are read as 16-byte vectors.
+  if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) return cudaErrorInvalidValue;
   const int64_t k = std::min(p.k, p.n);
   if (k == 0) return cudaSuccess;
   if (k == p.n && p.device_n.count == nullptr) {

@@ -444,6 +444,25 @@ TEST(TopKGpuTest, MatchesCpuExactlyWithTies) {
   }
 }
 
+// A workspace that is not 16-byte aligned (its histograms are read as vectors) is refused
+// before anything is launched.
+TEST(TopKGpuTest, RefusesAMisalignedWorkspace) {
+  DeviceBuffer<char> ws(TopKWorkspaceBytes(0) + 16);
+  ws.Zero();
+  DeviceBuffer<float> scores(std::vector<float>(5000, 1.0f));
+  DeviceBuffer<int32_t> out(16);
+  TopKParams tp;
+  tp.out = out.get();
+  tp.scores = scores.get();
+  tp.n = 5000;
+  tp.k = 16;
+  tp.workspace = ws.get() + 4;
+  EXPECT_EQ(TopK(tp, nullptr), cudaErrorInvalidValue);
+  tp.workspace = ws.get();
+  EXPECT_EQ(TopK(tp, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 // The CPU cache's cosine (engine/selection/selection_cache.cc: SelectionQueryCosine).
 double CpuCosine(const std::vector<float>& a, const std::vector<float>& b) {
   double dot = 0.0, norm_a = 0.0, norm_b = 0.0;
