@@ -70,6 +70,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention_internal.h"
 #include "kernels/cuda/kernel_attributes.h"
@@ -99,18 +100,6 @@ __device__ __forceinline__ void Mma(float* c, uint32_t a0, uint32_t a1, uint32_t
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // Four 8x8 bf16 matrices; lane l gives the row address of matrix l / 8, row l % 8.
@@ -287,8 +276,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
                                  __shfl_sync(0xffffffffu, ids, r))) * row_bytes;
         const uint32_t dst = kFp8 ? stage + r * D + (lane % kCpr) * 16
                                   : stage + (r * Stage::kRowElems + (lane % kCpr) * 8) * 2;
-        CpAsync16(dst, lane_k + off);
-        CpAsync16(dst + kRowsBytes, lane_v + off);
+        CpAsyncCg16(dst, lane_k + off);
+        CpAsyncCg16(dst + kRowsBytes, lane_v + off);
       }
       if (lane >= 16) {
         const uint32_t dst = stage + 2 * kRowsBytes + (lane - 16) * 4;

@@ -42,6 +42,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/kernel_attributes.h"
 #include "kernels/cuda/key_scores_internal.cuh"
@@ -105,25 +106,14 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
   }
 }
 
-// 16 bytes global -> shared without registers (sm_80+), cached in L1 (.ca): a lane's four 16-byte
-// pieces of a token row are 64 bytes apart from its neighbours', so each copy uses half of a
-// 32-byte sector and the next copy the other half, from L1. Copies that bypass L1 were slower
-// on an H200 whatever their shape: these as .cg 0.565 against 0.288 ms at 512K (eighteenth
-// session); coalesced .cg copies of whole token slices 0.330-0.332, per-warp bulk copies
-// (cp.async.bulk, an mbarrier per stage) 0.337-0.357 (nineteenth, docs/performance.md). An L2
-// prefetch-size hint on these copies: .L2::128B the same, .L2::256B slower (0.302 ms).
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
+// The copies are CpAsyncCa16 (cp_async.cuh: cached in L1 too): a lane's four 16-byte pieces of
+// a token row are 64 bytes apart from its neighbours', so each copy uses half of a 32-byte
+// sector and the next copy the other half, from L1. Copies that bypass L1 were slower on an
+// H200 whatever their shape: these as .cg 0.565 against 0.288 ms at 512K (eighteenth session);
+// coalesced .cg copies of whole token slices 0.330-0.332, per-warp bulk copies (cp.async.bulk,
+// an mbarrier per stage) 0.337-0.357 (nineteenth, docs/performance.md). An L2 prefetch-size
+// hint on these copies: .L2::128B the same, .L2::256B slower (0.302 ms).
+//
 // kStages > 0 (bf16 keys): the next tile's keys go to a per-warp ring of kStages tiles in shared
 // memory (cp.async) instead of registers; each lane reads back only the pieces it copied, so no
 // barrier is needed. Measured against the register version (H200, eighteenth session, same
@@ -195,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   auto issue_tile = [&](int base, int stage) {
     for_each_piece(base, [&](int r, int v, const uint4* src) {
-      CpAsync16(stage_at(stage, r * kVecs + v), src);
+      CpAsyncCa16(stage_at(stage, r * kVecs + v), src);
     });
   };
   uint4 raw[2][kVecs];  // tokens g and g + 8
