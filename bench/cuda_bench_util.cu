@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 
@@ -92,6 +93,18 @@ double GraphMedianMs(cudaStream_t stream, const std::function<void(int)>& fn, in
   TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
   TS_CUDA_CHECK(cudaGraphDestroy(graph));
   return ms / inner;
+}
+
+void Sustain(cudaStream_t stream, const std::function<void(int)>& fn, double seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
+    fn(i);
+    if (i % 16 == 15) {
+      TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+      if (elapsed.count() >= seconds) return;
+    }
+  }
 }
 
 double CopyMs(cudaStream_t stream, void* dst, const void* src, size_t bytes,

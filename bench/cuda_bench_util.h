@@ -48,6 +48,10 @@ double MedianMs(cudaStream_t stream, const std::function<void(int)>& fn, const T
 double GraphMedianMs(cudaStream_t stream, const std::function<void(int)>& fn, int inner,
                      const TimingOptions& opt);
 
+// Calls fn(0), fn(1), ... on `stream` for `seconds` of wall time (a synchronisation every 16
+// calls): brings the GPU to the power and clock state of that load before it is timed.
+void Sustain(cudaStream_t stream, const std::function<void(int)>& fn, double seconds);
+
 // Median ms of a device-to-device cudaMemcpyAsync of `bytes` from src to dst on `stream`.
 double CopyMs(cudaStream_t stream, void* dst, const void* src, size_t bytes,
               const TimingOptions& opt);

@@ -13,13 +13,19 @@
 // Checks: selection votes against an fp64 CPU soft vote at 32K (and the top-k tolerance rule of
 // tests/gpu/selection_test.cc); decode against cpu::GatherAttention on the sparse list.
 // The last table's rows are what bench/torch_peers.py --ours compares against its PyTorch peers.
-// Usage: bench_kernels_cuda [--quick | --variants]
+// Power state: on an H200 SXM at its 700 W limit the SM clock drops to 1.1-1.6 GHz within ~1.5 s
+// of sustained load (nineteenth session), so rows late in a run may be timed at a lower clock
+// than a short peer process. --sustain=S runs each dense decode case on its own for S seconds
+// before timing it (its sustained state, as bench/torch_peers.py --sustain=S does for SDPA);
+// --dense-only skips the selection rows.
+// Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -193,8 +199,23 @@ int Variants(const __nv_bfloat16* kc, const __nv_bfloat16* vc, int num_sms) {
 
 int Main(int argc, char** argv) {
   TS_CUDA_CHECK(cudaStreamCreate(&g_stream));  // blocking: orders after cudaMemset poisoning
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const bool variants = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
+  bool quick = false, variants = false, dense_only = false;
+  double sustain_s = 0.0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--variants") == 0) {
+      variants = true;
+    } else if (std::strcmp(argv[i], "--dense-only") == 0) {
+      dense_only = true;
+    } else if (std::strncmp(argv[i], "--sustain=", 10) == 0) {
+      sustain_s = std::atof(argv[i] + 10);
+    } else {
+      std::fprintf(stderr, "unknown argument %s\nusage: bench_kernels_cuda [--quick | --variants] "
+                   "[--sustain=S] [--dense-only]\n", argv[i]);
+      return 2;
+    }
+  }
   const int reps = quick ? 10 : 50;
   cudaDeviceProp prop;
   TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -280,6 +301,7 @@ int Main(int argc, char** argv) {
   const int64_t k = 2048;
   const int64_t sizes[] = {32 << 10, 128 << 10, 512 << 10, 1 << 20};
   for (int64_t n : sizes) {
+    if (dense_only) break;
     // Rotate among disjoint slot windows so that the keys of a rep are not in L2.
     const int sets = static_cast<int>(std::min<int64_t>(8, kCacheSlots / n));
     std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> slot_sets;
@@ -500,9 +522,11 @@ int Main(int argc, char** argv) {
                   rel < 5e-3 ? "OK" : "FAILED");
       if (!(rel < 5e-3)) return false;
     }
+    if (!sparse && sustain_s > 0.0) bench::Sustain(g_stream, run, sustain_s);
     const double ms = GraphMedianMs(run, reps);
     char note[64];
-    std::snprintf(note, sizeof(note), "%d splits", splits);
+    std::snprintf(note, sizeof(note), sustain_s > 0.0 && !sparse ? "%d splits, after %.0f s of it"
+                                                                 : "%d splits", splits, sustain_s);
     rows.push_back({name, ms, 2.0 * n * kRowBytes / ms / 1e6, note});
     return true;
   };

@@ -15,10 +15,14 @@ Keys are contiguous here (no paging); ours read paged slots. Timing: CUDA events
 median of many reps, inputs rotated so that reps read HBM.
 With --ours LOG (bench_kernels_cuda's output of the same device call) it also prints the
 issue-6 target checks: each ratio from rows of this one run.
-Usage: python3 bench/torch_peers.py [--quick] [--ours LOG]
+--sustain=S runs each dense SDPA case on its own for S seconds before timing it (its sustained
+power and clock state; pair it with bench_kernels_cuda --sustain=S, which does the same for
+ours); --dense-only times only the dense SDPA rows.
+Usage: python3 bench/torch_peers.py [--quick] [--sustain=S] [--dense-only] [--ours LOG]
 """
 import re
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +32,20 @@ import torch_timing
 H, HKV, D = 32, 8, 128
 QUICK = "--quick" in sys.argv
 REPS = 10 if QUICK else 50
+DENSE_ONLY = "--dense-only" in sys.argv
+SUSTAIN_S = next((float(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--sustain=")), 0.0)
+
+
+def sustain(fn, seconds):
+    """Calls fn(0), fn(1), ... for `seconds` of wall time (synchronising every 16 calls)."""
+    start, i = time.monotonic(), 0
+    while True:
+        fn(i)
+        i += 1
+        if i % 16 == 0:
+            torch.cuda.synchronize()
+            if time.monotonic() - start >= seconds:
+                return
 
 
 def median_ms(fn, reps=REPS, warmup=5):
@@ -76,7 +94,7 @@ def main():
     q = (torch.randn(H, D, device=dev, generator=gen) * (3.0 / D ** 0.5)).to(torch.bfloat16)
     qg = q.view(HKV, H // HKV, D)
 
-    for n in (32 << 10, 128 << 10, 512 << 10, 1 << 20):
+    for n in () if DENSE_ONLY else (32 << 10, 128 << 10, 512 << 10, 1 << 20):
         sets = max(1, min(8, big // n))
         views = [keys[s * n:(s + 1) * n] for s in range(sets)]
 
@@ -111,9 +129,10 @@ def main():
             v = vals.index_select(0, idx).permute(1, 0, 2).unsqueeze(0)
             return F.scaled_dot_product_attention(qd, k, v, enable_gqa=True)
 
-        ms = median_ms(sparse, reps=REPS * 4)
-        rows.append(("torch sparse 2688 gather+sdpa", ms, 2 * 2688 * HKV * D * 2 / ms / 1e6))
-        peers["sparse"] = ms
+        if not DENSE_ONLY:
+            ms = median_ms(sparse, reps=REPS * 4)
+            rows.append(("torch sparse 2688 gather+sdpa", ms, 2 * 2688 * HKV * D * 2 / ms / 1e6))
+            peers["sparse"] = ms
         for n in (128 << 10, 512 << 10, 1 << 20):
             sets = max(1, min(8, big // n))
             ks = [keys[s * n:(s + 1) * n].permute(1, 0, 2).unsqueeze(0).contiguous() for s in range(sets)]
@@ -122,8 +141,12 @@ def main():
             def dense(i):
                 return F.scaled_dot_product_attention(qd, ks[i % sets], vs[i % sets], enable_gqa=True)
 
+            if SUSTAIN_S > 0:
+                sustain(dense, SUSTAIN_S)
             ms = median_ms(dense)
-            rows.append((f"torch dense decode N={n >> 10}K sdpa ({backend})", ms, 2 * n * HKV * D * 2 / ms / 1e6))
+            note = f", after {SUSTAIN_S:.0f} s of it" if SUSTAIN_S > 0 else ""
+            rows.append((f"torch dense decode N={n >> 10}K sdpa ({backend}{note})", ms,
+                         2 * n * HKV * D * 2 / ms / 1e6))
             peers[("dense", n)] = ms
             del ks, vs
             torch.cuda.empty_cache()
@@ -150,6 +173,8 @@ def main():
                 print(f"  1. dense decode N={n >> 10}K: ours {ms:.4f} ms, cuDNN SDPA "
                       f"{peers[('dense', n)]:.4f} ms -> {pct:.1f}% of SDPA speed "
                       f"(target >= 85%: {'met' if pct >= 85.0 else 'MISSED'})")
+        if DENSE_ONLY:
+            return
         for n in (32 << 10, 128 << 10, 512 << 10, 1 << 20):
             ms, pct_read = get(f"select N={n >> 10}K score+vote+top2048")
             if ms:

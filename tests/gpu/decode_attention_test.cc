@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -101,6 +102,7 @@ TEST_P(DecodeAttentionGpuTest, MatchesCpuGatherAttention) {
   ASSERT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const int64_t max_len = *std::max_element(c.lengths.begin(), c.lengths.end());
   const int planned = PlanDecodeSplits(batch, c.num_kv_heads, max_len, num_sms);
+  double worst[2] = {0.0, 0.0};  // relative L2 error: CUDA cores, tensor cores
   for (int variant = 0; variant < 6; ++variant) {
     const int splits = variant % 3 == 0 ? 1 : variant % 3 == 1 ? planned : 7;
     const bool tensor_cores = variant < 3;
@@ -141,8 +143,12 @@ TEST_P(DecodeAttentionGpuTest, MatchesCpuGatherAttention) {
       }
       EXPECT_LE(e.relative_l2(), 5e-3) << "request " << b << " len " << c.lengths[b];
       EXPECT_LE(e.max_err, 2e-2 * e.max_ref) << "request " << b;
+      worst[tensor_cores] = std::max(worst[tensor_cores], e.relative_l2());
     }
   }
+  // Printed for the record (the error budget is spent mostly by the bf16 output and P).
+  std::printf("worst relative L2 error: CUDA cores %.3e, tensor cores %.3e\n", worst[0],
+              worst[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(
