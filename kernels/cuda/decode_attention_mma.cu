@@ -12,24 +12,18 @@
 // positions) and handed out by shuffles; positions go to the stage next to the rows. Only the
 // warp's own lanes touch its stages, so cp.async.wait_group + __syncwarp order everything.
 //
-// Per tile, with mma.sync m16n8k16 (f16 for S, bf16 for O; fp32 accumulate; sm_80+), g = lane / 4,
-// t = lane % 4:
+// Per tile, with mma.sync m16n8k16 (bf16 in, fp32 accumulate; sm_80+), g = lane / 4, t = lane % 4:
 //   S^T [16 x 16] = Q [16 x d] . K^T: rows are the query heads of this kv head (below; rows of
 //     heads >= G are zero), two n = 8 halves of tokens, d / 16 k-steps. K's B fragments come
 //     from ldmatrix (x4: both token halves, both 8-dim halves of a k-step): thread (g, t) holds
 //     dims 16 kk + 2t + {0, 1, 8, 9} of tokens g and 8 + g, and k-steps kk and kk + d/32 hold the
 //     rotate_half partners (dim i and i + d/2), so RoPE is applied in registers (fp32, HF angle,
-//     at gather time). The rotated K goes to the mma as f16 (11 significant bits: 8x finer
-//     than the bf16 it came from, and than HF's bf16 RoPE output; beyond +-65504 it saturates)
-//     and Q as f16 hi + lo parts (22 bits): Q's hi parts are A's rows g and its lo parts rows
-//     g + 8 (a head group has at most 8 heads), so one mma gives hi.K in rows g and lo.K in rows
-//     g + 8; a score is row g + row g + 8 (the same thread's c0 + c2, c1 + c3). Q's fragments
-//     are built once per block into shared memory in exactly the A register order (one 16-byte
-//     load per mma, no moves). Until the twentieth session K too was split (bf16 hi + lo, two
-//     mma per half): 968 instructions per tile in the loop, now 786; dense decode at 1M
-//     1.103-1.106 -> 1.064-1.068 ms, and after 3 s of sustained load (an H200 at its 700 W cap,
-//     SM clock ~1.47 GHz) 1.146 -> 1.092 ms; the worst relative error against the CPU in
-//     gpu_decode_attention_test stayed 2.0-2.2e-3 (the bf16 P and output dominate it).
+//     at gather time). Rotated K and Q are split into bf16 hi + lo parts, which keeps the
+//     scores at ~fp32 accuracy: Q's hi parts are A's rows g and its lo parts rows g + 8 (a head
+//     group has at most 8 heads), so one mma with K's hi part and one with its lo part give
+//     hi.hi + lo.hi in rows g / g + 8 and hi.lo + lo.lo on top; a score is row g + row g + 8
+//     (the same thread's c0 + c2, c1 + c3). Q's fragments are built once per block into shared
+//     memory in exactly the A register order (one 16-byte load per mma pair, no moves).
 //   Online softmax (base 2) on the C fragments: thread (g, t) holds head g's scores of tokens
 //     2t, 2t+1 of each half; the tile max meets over the 4 threads of a row by shuffles.
 //   O^T [d x 16] += V^T . P^T (16 dims per mma, d / 16 mma): P^T's B fragments are exactly the
@@ -47,12 +41,6 @@
 // row's address as one 32 x 32 -> 64-bit multiply-add off a per-lane base pointer (was 64-bit
 // index arithmetic, ~100 instructions per tile). Dense decode went 1.288 -> 1.145 / 1.151 ms at
 // 1M, 0.634 -> 0.572 / 0.577 at 512K (same call, two runs each; 88% / 90% of cuDNN SDPA).
-// The loop's SASS (twentieth session, cuobjdump, d = 128, G = 4): 786 instructions per tile, of
-// which RoPE's sine and cosine are 256 (FMUL, FRND, 2 FFMA, FMUL, 2 MUFU per token and
-// frequency: every kv head's block computes them again), the rotation 128, unpacking K 64, the
-// f16 packs 32, mma 24. Being issue-bound makes it slow down with the SM clock, which an H200
-// SXM lowers to ~1.5 GHz at its 700 W cap under sustained load, where cuDNN's memory-bound SDPA
-// does not (bench_kernels_cuda --sustain=3 against torch_peers.py --sustain=3).
 //
 // Measured on H200, Llama-3-8B shape, paged slots (bench/kernels_cuda_bench.cu, each figure in
 // the same run as cuDNN SDPA on contiguous K/V; two runs of this kernel): 1M tokens 1.18 / 1.26 ms
@@ -71,15 +59,12 @@
 // them (the same bytes in flight in fewer copies); once a tile lands, the warp converts it
 // (e4m3 -> half -> bf16, exact; 8 elements per lane and store, conflict-free) into one bf16
 // stage of the layout above, and everything after that is the bf16 code. The kv head's scales
-// (powers of two) stay out of the tiles: K's multiplies RoPE's sine and cosine (so the rotated
-// key is exactly the dequantized key's rotation, and its f16 rounding the same), and O is
+// (powers of two) stay out of the loop: Q's fragments are built times K's scale, and O is
 // multiplied by V's when the warps' states are stored. Rounding commutes with power-of-two
 // scaling, so every score, probability and output is exactly the bf16 kernel's over the
-// dequantized cache: bit for bit its result. (K's scale may not go into Q instead: the f16
-// rounding of the unscaled key differs from the scaled one's where either is subnormal in f16.) Shared memory: 4 x (4 x 4160 + 8704) B of stages
+// dequantized cache: bit for bit its result. Shared memory: 4 x (4 x 4160 + 8704) B of stages
 // at d = 128, ~103 KiB per block (two blocks per SM still).
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -99,6 +84,14 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// x = hi + lo with both parts bf16-representable (to ~2^-16 relative); packs pairs. The hi
+// halves are read back by bit operations (no byte permutes).
+__device__ __forceinline__ void SplitPack(float x0, float x1, uint32_t* hi, uint32_t* lo) {
+  const uint32_t h = PackBf16(x0, x1);
+  *hi = h;
+  *lo = PackBf16(x0 - __uint_as_float(h << 16), x1 - __uint_as_float(h & 0xffff0000u));
+}
+
 // c += a . b for one m16n8k16 tile (a0..a3: the A fragment registers, b0, b1: B's).
 __device__ __forceinline__ void Mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                     uint32_t b0, uint32_t b1) {
@@ -107,31 +100,6 @@ __device__ __forceinline__ void Mma(float* c, uint32_t a0, uint32_t a1, uint32_t
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The same with f16 inputs (the scores: Q's parts and the rotated keys).
-__device__ __forceinline__ void MmaF16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                       uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// (lo, hi) as f16x2, rounded to nearest; beyond +-65504 saturated to it instead of infinity.
-__device__ __forceinline__ uint32_t PackF16(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// x = hi + lo with both parts f16 (22 significant bits in f16's normal range); packs pairs.
-__device__ __forceinline__ void SplitPackF16(float x0, float x1, uint32_t* hi, uint32_t* lo) {
-  *hi = PackF16(x0, x1);
-  const __half2 h = *reinterpret_cast<const __half2*>(hi);
-  const float2 hf = __half22float2(h);
-  *lo = PackF16(x0 - hf.x, x1 - hf.y);
 }
 
 // Four 8x8 bf16 matrices; lane l gives the row address of matrix l / 8, row l % 8.
@@ -227,7 +195,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     if (g < G) {
       const __nv_bfloat16* qrow = p.q + (static_cast<int64_t>(b) * p.num_heads + kv * G + g) * D;
       const float q_pos = static_cast<float>(p.q_positions[b]);
-      const float qscale = p.scale * kLog2e;
+      // FP8: times K's scale (exact), which the converted K tiles leave out.
+      const float qscale = p.scale * kLog2e * (kFp8 ? __ldg(p.k_scale + kv) : 1.0f);
 #pragma unroll
       for (int kk = 0; kk < KH; ++kk) {
 #pragma unroll
@@ -245,8 +214,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
       uint4 f;  // {a0, a1, a2, a3}: hi of row g, lo as row g + 8
-      SplitPackF16(x[kk][0], x[kk][1], &f.x, &f.y);
-      SplitPackF16(x[kk][2], x[kk][3], &f.z, &f.w);
+      SplitPack(x[kk][0], x[kk][1], &f.x, &f.y);
+      SplitPack(x[kk][2], x[kk][3], &f.z, &f.w);
       sm_q[kk * 32 + lane] = f;
     }
   }
@@ -258,7 +227,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
 #pragma unroll
   for (int c = 0; c < KS; ++c) o[c][0] = o[c][1] = o[c][2] = o[c][3] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  const float k_scale = kFp8 ? __ldg(p.k_scale + kv) : 1.0f;  // FP8: applied with RoPE's factors
 
   const int64_t list_begin = p.indptr[b];
   const int64_t len = p.indptr[b + 1] - list_begin;
@@ -390,18 +358,21 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
         for (int j = 0; j < 4; ++j) {
           float sn, cs;
           RopeSinCos(kpos[hf] * freq[j], &sn, &cs);
-          if constexpr (kFp8) {  // K's power-of-two scale (exact; the tiles leave it out)
-            sn *= k_scale;
-            cs *= k_scale;
-          }
           const float a = x[j], c = y[j];
           x[j] = a * cs - c * sn;
           y[j] = c * cs + a * sn;
         }
+        uint32_t xh0, xl0, xh1, xl1, yh0, yl0, yh1, yl1;
+        SplitPack(x[0], x[1], &xh0, &xl0);
+        SplitPack(x[2], x[3], &xh1, &xl1);
+        SplitPack(y[0], y[1], &yh0, &yl0);
+        SplitPack(y[2], y[3], &yh1, &yl1);
         const uint4 qa = sm_q[kk * 32 + lane];
         const uint4 qb = sm_q[(kk + KH) * 32 + lane];
-        MmaF16(acc[hf], qa.x, qa.y, qa.z, qa.w, PackF16(x[0], x[1]), PackF16(x[2], x[3]));
-        MmaF16(acc[hf], qb.x, qb.y, qb.z, qb.w, PackF16(y[0], y[1]), PackF16(y[2], y[3]));
+        Mma(acc[hf], qa.x, qa.y, qa.z, qa.w, xh0, xh1);
+        Mma(acc[hf], qa.x, qa.y, qa.z, qa.w, xl0, xl1);
+        Mma(acc[hf], qb.x, qb.y, qb.z, qb.w, yh0, yh1);
+        Mma(acc[hf], qb.x, qb.y, qb.z, qb.w, yl0, yl1);
       }
     }
     float s[2][2];
