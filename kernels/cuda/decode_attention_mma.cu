@@ -41,6 +41,15 @@
 // row's address as one 32 x 32 -> 64-bit multiply-add off a per-lane base pointer (was 64-bit
 // index arithmetic, ~100 instructions per tile). Dense decode went 1.288 -> 1.145 / 1.151 ms at
 // 1M, 0.634 -> 0.572 / 0.577 at 512K (same call, two runs each; 88% / 90% of cuDNN SDPA).
+// The loop's SASS (twentieth session, cuobjdump, d = 128, G = 4): 968 instructions per tile:
+// RoPE's sine and cosine 256 (FMUL, FRND, 2 FFMA, FMUL, 2 MUFU per token and frequency; every kv
+// head's block computes them again), the rotation 128, the hi/lo split 192, unpacking K 64, mma
+// 40. Being issue-bound, it slows down with the SM clock, which an H200 SXM lowers to ~1.5 GHz
+// at its 700 W cap under sustained load, where cuDNN's memory-bound SDPA does not
+// (bench_kernels_cuda --sustain=3 against torch_peers.py --sustain=3). Tried and reverted: the
+// scores' mma in f16 (rotated K as one f16 part, Q as f16 hi + lo; 786 instructions per tile):
+// dense decode 3.5-5% faster and one-GPU errors unchanged, but at TP = 2 it widened the
+// differences from one GPU for the sparse policies past the TP test's logit bound.
 //
 // Measured on H200, Llama-3-8B shape, paged slots (bench/kernels_cuda_bench.cu, each figure in
 // the same run as cuDNN SDPA on contiguous K/V; two runs of this kernel): 1M tokens 1.18 / 1.26 ms
