@@ -29,7 +29,7 @@
 //   O^T [d x 16] += V^T . P^T (16 dims per mma, d / 16 mma): P^T's B fragments are exactly the
 //     S^T accumulators (bf16), no data movement; V^T's A fragments come from ldmatrix.trans of
 //     the V rows (tokens x 8 dims matrices, transposed in flight).
-// Registers: ~140-157 at d = 128; shared memory ~107 KiB per block (two blocks per SM, the
+// Registers: ~206-216 at d = 128; shared memory ~107 KiB per block (two blocks per SM, the
 // occupancy limit). One wave of blocks is fastest (PlanDecodeSplits).
 //
 // The kernel is bound by instruction issue, not by memory: Nsight Compute (eleventh session, 1M
@@ -49,7 +49,11 @@
 // (bench_kernels_cuda --sustain=3 against torch_peers.py --sustain=3). Tried and reverted: the
 // scores' mma in f16 (rotated K as one f16 part, Q as f16 hi + lo; 786 instructions per tile):
 // dense decode 3.5-5% faster and one-GPU errors unchanged, but at TP = 2 it widened the
-// differences from one GPU for the sparse policies past the TP test's logit bound.
+// differences from one GPU for the sparse policies past the TP test's logit bound. Kept (same
+// bits): the rescale of O skipped when no head's maximum grew, the mask applied to the last
+// tile only, RoPE's frequencies in registers (206-216 registers, still two blocks per SM):
+// 1M 1.095-1.106 against 1.118-1.122 ms, after 3 s of load 1.131 against 1.157 ms (same call,
+// a host capped at ~1.46 GHz).
 //
 // Measured on H200, Llama-3-8B shape, paged slots (bench/kernels_cuda_bench.cu, each figure in
 // the same run as cuDNN SDPA on contiguous K/V; two runs of this kernel): 1M tokens 1.18 / 1.26 ms
@@ -256,6 +260,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   const uint32_t ld_off =
       ((8 * (lane >> 4) + (lane & 7)) * Stage::kRowElems + 8 * ((lane >> 3) & 1)) * 2;
 
+  // RoPE's frequencies of this lane's dims (16 kk + 2t + {0, 1, 8, 9}), in registers for the
+  // whole loop.
+  float freq[KH][4];
+#pragma unroll
+  for (int kk = 0; kk < KH; ++kk) {
+    const float2 f01 = *reinterpret_cast<const float2*>(sm_freq + 16 * kk + 2 * t);
+    const float2 f89 = *reinterpret_cast<const float2*>(sm_freq + 16 * kk + 8 + 2 * t);
+    freq[kk][0] = f01.x;
+    freq[kk][1] = f01.y;
+    freq[kk][2] = f89.x;
+    freq[kk][3] = f89.y;
+  }
+
   // Ids of the next tile to copy: lanes 0-15 its slots, lanes 16-31 its positions (clamped into
   // the range; masked tokens get zero weight).
   int64_t copy_jb = begin + warp * kTile;
@@ -349,9 +366,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
       uint32_t lo[4], hi[4];
       LdMatrixX4(k_addr + 32 * kk, lo);
       LdMatrixX4(k_addr + 32 * (kk + KH), hi);
-      const float2 f01 = *reinterpret_cast<const float2*>(sm_freq + 16 * kk + 2 * t);
-      const float2 f89 = *reinterpret_cast<const float2*>(sm_freq + 16 * kk + 8 + 2 * t);
-      const float freq[4] = {f01.x, f01.y, f89.x, f89.y};
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         float x[4], y[4];  // dims 16 kk + 2t + {0, 1, 8, 9} and their partners
@@ -366,7 +380,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           float sn, cs;
-          RopeSinCos(kpos[hf] * freq[j], &sn, &cs);
+          RopeSinCos(kpos[hf] * freq[kk][j], &sn, &cs);
           const float a = x[j], c = y[j];
           x[j] = a * cs - c * sn;
           y[j] = c * cs + a * sn;
@@ -385,11 +399,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
       }
     }
     float s[2][2];
+    const bool whole = jb + kTile <= end;  // the same in the whole warp: only the last tile masks
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        s[hf][e] = jb + 8 * hf + 2 * t + e < end ? acc[hf][e] + acc[hf][2 + e] : -INFINITY;
+        s[hf][e] = acc[hf][e] + acc[hf][2 + e];
+        if (!whole && jb + 8 * hf + 2 * t + e >= end) s[hf][e] = -INFINITY;
       }
     }
 
@@ -411,8 +427,20 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     const uint32_t pb0 = PackBf16(pr[0][0], pr[0][1]);
     const uint32_t pb1 = PackBf16(pr[1][0], pr[1][1]);
     // O^T columns are heads 2t, 2t+1: their rescale factors live in lanes 4 (2t) and 4 (2t+1).
-    const float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
-    const float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+    // A head whose maximum did not grow has alpha = 2^0 = 1 exactly; when that holds for every
+    // head of the warp (most tiles once the maxima settle) the rescale is skipped, which leaves
+    // the same bits as multiplying by 1.
+    if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+      const float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
+      const float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+#pragma unroll
+      for (int c = 0; c < KS; ++c) {
+        o[c][0] *= alpha0;
+        o[c][1] *= alpha1;
+        o[c][2] *= alpha0;
+        o[c][3] *= alpha1;
+      }
+    }
 
     // O^T += V^T . P^T, one mma per 16 output dims. ldmatrix.trans matrices (tokens 0-7,
     // dims lo), (0-7, hi), (8-15, lo), (8-15, hi) are the A fragment's a0..a3 (rows g / g + 8 =
@@ -421,10 +449,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     for (int c = 0; c < KS; ++c) {
       uint32_t a[4];
       LdMatrixX4Trans(v_addr + 32 * c, a);
-      o[c][0] *= alpha0;
-      o[c][1] *= alpha1;
-      o[c][2] *= alpha0;
-      o[c][3] *= alpha1;
       Mma(o[c], a[0], a[1], a[2], a[3], pb0, pb1);
     }
   }
