@@ -33,6 +33,7 @@
 #include "engine/model/model_presets.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/cpu_oracle_test_util.h"
+#include "tests/gpu/fresh_seed.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::engine {
@@ -61,7 +62,8 @@ TEST_P(CudaModelTest, TracksTheCpuForwardTeacherForced) {
   auto pool = PagePool::Create((*oracle)->KvCacheOptions(32, 16));
   ASSERT_TRUE(pool.ok()) << pool.status();
 
-  std::mt19937 rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   std::uniform_int_distribution<int32_t> any_token(3, static_cast<int32_t>(preset.vocab_size - 1));
   constexpr int kPrompts = 4, kSteps = 32;
   std::vector<double> rel_oracle;
@@ -132,7 +134,8 @@ TEST_P(CudaModelTest, QuietModelMatchesTheFp32Cpu) {
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto pool = PagePool::Create((*cpu)->KvCacheOptions(8, 16));
   ASSERT_TRUE(pool.ok()) << pool.status();
-  std::mt19937 rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   std::uniform_int_distribution<int32_t> any_token(3, static_cast<int32_t>(preset.vocab_size - 1));
   std::vector<int32_t> tokens(40);
   for (int32_t& t : tokens) t = any_token(rng);

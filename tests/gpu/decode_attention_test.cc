@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/ops.h"
+#include "tests/gpu/fresh_seed.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::kernels::cuda {
@@ -36,10 +37,8 @@ class DecodeAttentionGpuTest : public ::testing::TestWithParam<DecodeCase> {};
 
 TEST_P(DecodeAttentionGpuTest, MatchesCpuGatherAttention) {
   const DecodeCase c = GetParam();
-  // Fresh inputs on every run; a failure names its seed.
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  std::mt19937 rng(seed);
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t batch = static_cast<int64_t>(c.lengths.size());
   std::vector<int32_t> indptr(1, 0);

@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/ops.h"
+#include "tests/gpu/fresh_seed.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::kernels::cuda {
@@ -37,7 +38,7 @@ struct RandomGemmInputs {
         w(static_cast<size_t>(n * k)),
         bias(static_cast<size_t>(n)),
         init(static_cast<size_t>(m * n)) {
-    std::mt19937 rng(std::random_device{}());
+    std::mt19937 rng(seed.value());
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (float& v : x) v = normal(rng);
     for (float& v : w) v = normal(rng) / std::sqrt(static_cast<float>(k));
@@ -50,6 +51,7 @@ struct RandomGemmInputs {
   }
   std::vector<float> x, w, bias, init, bias_bf16;
   std::vector<uint16_t> x_bits, w_bits, bias_bits;
+  gpu_test::FreshSeed seed;  // named in failures while the inputs live
 };
 
 TEST_P(GemmGpuTest, MatchesCpuLinear) {

@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/ops.h"
+#include "tests/gpu/fresh_seed.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::kernels::cuda {
@@ -51,7 +52,8 @@ void ExpectWithinBf16Ulp(const std::vector<uint16_t>& got, const std::vector<flo
 
 class ModelOpsGpuTest : public ::testing::TestWithParam<int64_t> {
  protected:
-  std::mt19937 rng_{std::random_device{}()};
+  gpu_test::FreshSeed seed_;
+  std::mt19937 rng_{seed_.value()};
 };
 
 TEST_P(ModelOpsGpuTest, Embedding) {

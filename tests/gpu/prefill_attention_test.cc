@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/ops.h"
+#include "tests/gpu/fresh_seed.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::kernels::cuda {
@@ -74,7 +75,8 @@ class PrefillAttentionGpuTest : public ::testing::TestWithParam<PrefillCase> {};
 
 TEST_P(PrefillAttentionGpuTest, MatchesCpuGatherAttention) {
   const PrefillCase c = GetParam();
-  FastRng rng(std::random_device{}() * 0x9E3779B97F4A7C15ull + 12345);
+  const gpu_test::FreshSeed seed;
+  FastRng rng(seed.value() * 0x9E3779B97F4A7C15ull + 12345);
   const int64_t batch = static_cast<int64_t>(c.requests.size());
   const int64_t d = c.head_dim;
   std::vector<int32_t> q_indptr(1, 0), kv_indptr(1, 0);
@@ -334,7 +336,8 @@ TEST(PrefillAttentionGpuTest, PlanFillsTheDevice) {
 // Odd and chunk-sized query counts, both head dims, one query (decode); on sm_90 the query
 // counts above one go through the cluster kernel. Twice each: the same bits.
 TEST(PrefillAttentionGpuTest, SelectionQueryMatchesDoubleReference) {
-  FastRng rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  FastRng rng(seed.value());
   struct Shape {
     int64_t num_q, heads, d;
   };

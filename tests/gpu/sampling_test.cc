@@ -21,6 +21,7 @@
 #include "engine/sampling/sampling_params.h"
 #include "engine/sampling/token_distribution.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/fresh_seed.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::kernels::cuda {
@@ -46,7 +47,8 @@ int32_t CpuArgmax(const float* x, int64_t vocab) {
 
 // Also the optional flag of rows the CPU sampler refuses.
 TEST(SamplingGpuTest, ArgmaxTakesTheLowestIdOnTies) {
-  std::mt19937 rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   for (int64_t vocab : {1, 7, 1000, 32007, 151936}) {
     for (bool ties : {false, true}) {
       const int64_t rows = 9;
@@ -92,12 +94,13 @@ class SampleGpuTest : public ::testing::TestWithParam<SampleCase> {};
 TEST_P(SampleGpuTest, PicksWhatTheCpuDistributionPicks) {
   const SampleCase c = GetParam();
   const int64_t rows = 256;
-  std::mt19937 rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   const std::vector<float> logits = RandomLogits(rng, rows, c.vocab, c.ties);
-  const uint64_t seed = rng();
+  const uint64_t step_seed = rng();
   std::vector<double> uniforms(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
-    uniforms[r] = engine::Prng::ForStep(seed, static_cast<uint64_t>(r)).NextDouble();
+    uniforms[r] = engine::Prng::ForStep(step_seed, static_cast<uint64_t>(r)).NextDouble();
   }
   // Every 16th row is greedy: a batch mixes both kinds.
   std::vector<float> temperature(static_cast<size_t>(rows), c.temperature);

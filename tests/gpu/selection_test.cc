@@ -34,6 +34,7 @@
 #include "engine/selection/top_k.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/selection.h"
+#include "tests/gpu/fresh_seed.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::kernels::cuda {
@@ -92,7 +93,8 @@ class SelectionGpuTest : public ::testing::TestWithParam<ScoreCase> {};
 
 TEST_P(SelectionGpuTest, ScoreVoteTopKMatchCpu) {
   const ScoreCase c = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t num_slots = c.slot_pool > 0 ? c.slot_pool : c.n + 777;
   const int64_t row = c.num_kv_heads * c.head_dim;
@@ -252,7 +254,8 @@ INSTANTIATE_TEST_SUITE_P(
 // cores for d = 128, g = 4 (TP = 1 and 2 head counts), the lane kernel otherwise; lengths from
 // one tile to past a thousand blocks.
 TEST(ScoreKeysGpuTest, StatisticsAreDeterministicAndFollowTheDeviceLength) {
-  std::mt19937 rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   std::normal_distribution<float> normal(0.0f, 1.0f);
   struct Shape {
     int64_t heads, kv_heads, dim;
@@ -328,7 +331,8 @@ TEST(ScoreKeysGpuTest, StatisticsAreDeterministicAndFollowTheDeviceLength) {
 // the heads (what a tensor-parallel rank scores), over n below, at and across the kernel's block
 // of tokens; with a device length (a bound larger than n) and the skip flag.
 TEST(HeadStatsGpuTest, MatchReferenceAndDoNotDependOnTheHeadCount) {
-  std::mt19937 rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (int64_t heads : {8, 32}) {
     for (int64_t n : {1, 37, 4096, 4097, 20000}) {
@@ -401,7 +405,8 @@ TEST(HeadStatsGpuTest, MatchReferenceAndDoNotDependOnTheHeadCount) {
 
 // Top-k alone on adversarial scores: many exact ties, NaN, +-0, +-inf, negatives.
 TEST(TopKGpuTest, MatchesCpuExactlyWithTies) {
-  std::mt19937 rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   const int64_t sizes[] = {1, 7, 1000, 4096 * 3 + 5, (int64_t{1} << 20) + 3, int64_t{4} << 20};
   // One workspace, zeroed once, for every call: each call must leave it ready for the next
   // (the crowded-bin path and the candidate path alike: the ties below crowd the top bins).
@@ -486,7 +491,8 @@ std::vector<uint8_t> Bytes(const DeviceBuffer<T>& b) {
 }
 
 TEST(SelectionCacheGpuTest, CheckMatchesCpuCacheRule) {
-  std::mt19937 rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t dim : {int64_t{4096}, int64_t{1000}, int64_t{3}}) {
     for (float theta : {0.9f, -1.0f, 1.5f, 0.5f}) {
@@ -605,7 +611,8 @@ TEST(SelectionCacheGpuTest, PlaceSliceWritesTheSliceAmidZeros) {
 // Skip flags: set -> nothing written; clear -> bitwise the unflagged results; and the chain
 // check -> score -> vote -> top-k keeps the cached top-k on a hit and refreshes it on a miss.
 TEST(SelectionCacheGpuTest, SkipFlagsAndCachedChain) {
-  std::mt19937 rng(std::random_device{}());
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t n = 50021, num_heads = 32, num_kv_heads = 8, head_dim = 128, k = 2048;
   const int64_t dim = num_heads * head_dim;
