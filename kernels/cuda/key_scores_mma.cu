@@ -19,10 +19,10 @@
 //
 // Work mapping: a warp owns one kv head and walks 16-token tiles of its block's token range; a
 // block is 8 warps = (8 / kv heads) rows of warps over the kv heads. In a tile, lane (g, t)
-// (g = lane / 4, t = lane % 4) loads tokens g and g + 8, dims [32 t, 32 t + 32) of its kv head:
-// 32 B per token for FP8, 64 B for bf16, so the 4 lanes of a quad read one token's whole
-// 128-dim row (coalesced). The MMA's k index is permuted so that this load is its A fragment
-// directly: MMA j's k positions {2t, 2t+1, 2t+8, 2t+9} are dims 32 t + 4 j + {0, 1, 2, 3}; the
+// (g = lane / 4, t = lane % 4) takes tokens g and g + 8, dims [32 t, 32 t + 32) of its kv head:
+// 32 B per token for FP8 (loaded so, the 4 lanes of a quad reading one token's whole 128-dim
+// row), 64 B for bf16 (read from the shared-memory ring, filled a token slice per half warp,
+// below). The MMA's k index is permuted so that these words are its A fragment directly: MMA j's k positions {2t, 2t+1, 2t+8, 2t+9} are dims 32 t + 4 j + {0, 1, 2, 3}; the
 // query fragments (registers for the whole kernel) use the same permutation. The accumulator
 // of lane (g, t) then holds head t's logits of tokens g and g + 8: stored, and folded into the
 // lane's online (max, sum-exp); quads, then rows of warps, then blocks combine those
@@ -106,20 +106,25 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
   }
 }
 
-// The copies are CpAsyncCa16 (cp_async.cuh: cached in L1 too): a lane's four 16-byte pieces of
-// a token row are 64 bytes apart from its neighbours', so each copy uses half of a 32-byte
-// sector and the next copy the other half, from L1. Copies that bypass L1 were slower on an
-// H200 whatever their shape: these as .cg 0.565 against 0.288 ms at 512K (eighteenth session);
-// coalesced .cg copies of whole token slices 0.330-0.332, per-warp bulk copies (cp.async.bulk,
-// an mbarrier per stage) 0.337-0.357 (nineteenth, docs/performance.md). An L2 prefetch-size
-// hint on these copies: .L2::128B the same, .L2::256B slower (0.302 ms).
-//
 // kStages > 0 (bf16 keys): the next tile's keys go to a per-warp ring of kStages tiles in shared
-// memory (cp.async) instead of registers; each lane reads back only the pieces it copied, so no
-// barrier is needed. Measured against the register version (H200, eighteenth session, same
-// binary): 512K scoring 0.2881 / 0.2880 against 0.2897 / 0.2900 ms, 1M 0.5596 / 0.5597 against
-// 0.5622 / 0.5622; 3 stages (two tiles in flight, 96 KiB per block) 0.2999 / 0.3000 (the L1
-// that .ca needs shrinks). FP8 keys keep the registers (80 of them: 3 blocks per SM).
+// memory. The copies are CpAsyncCa16 (cp_async.cuh: cached in L1 too), and each copy
+// instruction of the warp takes two whole 256-byte token slices of this kv head (lanes 0-15 one
+// token's 16 pieces, lanes 16-31 the next one's); after a __syncwarp the lanes read back the
+// pieces of their MMA fragments (a swizzled layout, conflict-free). Twentieth session, same
+// call against the previous copies (each lane copying its own four pieces, 64 bytes apart from
+// its neighbours': half a 32-byte sector per copy, the other half from L1), H200, three rounds:
+// 512K scoring 0.2808-0.2814 against 0.2836-0.2839 ms, the selection 0.3143-0.3147 against
+// 0.3163-0.3168; 1M scoring 0.5446-0.5450 against 0.5491-0.5495, the selection 0.5989-0.5993
+// against 0.6027-0.6031. (The nineteenth session had tried these copies with the slots loaded
+// one tile ahead and shuffled to the lanes: the selection no faster.) Three stages of them:
+// 0.3158-0.3163 at 512K against 0.3148-0.3150 for two (same call). Copies that bypass L1 were
+// slower on an H200 whatever their shape: the per-lane copies as .cg 0.565 against 0.288 ms at
+// 512K (eighteenth session), these coalesced ones as .cg 0.330-0.332, per-warp bulk copies
+// (cp.async.bulk, an mbarrier per stage) 0.337-0.357 (nineteenth, docs/performance.md). An L2
+// prefetch-size hint: .L2::128B the same, .L2::256B slower (0.302 ms).
+// The ring against keys in registers (eighteenth session, same binary): 512K scoring 0.2881 /
+// 0.2880 against 0.2897 / 0.2900 ms, 1M 0.5596 / 0.5597 against 0.5622 / 0.5622. FP8 keys keep
+// the registers (80 of them: 3 blocks per SM).
 template <bool kFp8, int kStages>
 __global__ void __launch_bounds__(kThreads, 2)
     ScoreKeysMmaKernel(KeyScoreParams p, ScoreWorkspace ws, int rows, int64_t chunk) {
@@ -167,9 +172,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   // 16-byte vectors per cache row, and this lane's first vector within a row.
   const int64_t row_vecs = p.num_kv_heads * kD * (kFp8 ? 1 : 2) / 16;
   const int64_t lane_vec = (kv * kD + 32 * t) * (kFp8 ? 1 : 2) / 16;
-  extern __shared__ uint4 sm_stage[];  // kStages > 0: [warp][stage][2 * kVecs][32 lanes]
-  auto stage_at = [&](int stage, int i) {
-    return sm_stage + ((warp * kStages + stage) * (2 * kVecs) + i) * 32 + lane;
+  // kStages > 0: [warp][stage][16 tokens][16 pieces of 16 B] (this kv head's 256 bytes of each
+  // token row), the pieces swizzled so that the 8 lanes of a quarter warp reading tokens g, g + 1
+  // x pieces 4 t + v hit 8 distinct 16-byte bank groups.
+  extern __shared__ uint4 sm_stage[];
+  auto stage_at = [&](int stage, int tok, int piece) {
+    const int phys = (piece & 8) | ((piece & 7) ^ ((piece >> 3) << 1) ^ (tok & 1));
+    return sm_stage + (warp * kStages + stage) * (kTile * 16) + tok * 16 + phys;
   };
   // fn(r, v, src): the v-th 16-byte piece of this lane's part of token base + g + 8 r (clamped:
   // an L2 hit, masked later).
@@ -183,10 +192,16 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int v = 0; v < kVecs; ++v) fn(r, v, src + v);
     }
   };
+  // Copy instruction i takes tokens 2 i and 2 i + 1 of the tile whole: lanes 0-15 the first's
+  // 16 pieces, lanes 16-31 the second's (512 contiguous bytes per instruction and token pair).
+  const uint4* head_keys = keys + kv * kD * 2 / 16;
   auto issue_tile = [&](int base, int stage) {
-    for_each_piece(base, [&](int r, int v, const uint4* src) {
-      CpAsyncCa16(stage_at(stage, r * kVecs + v), src);
-    });
+#pragma unroll
+    for (int i = 0; i < kTile / 2; ++i) {
+      const int tok = 2 * i + (lane >> 4);
+      const int64_t slot = __ldg(p.slots + min(base + tok, end - 1));
+      CpAsyncCa16(stage_at(stage, tok, lane & 15), head_keys + slot * row_vecs + (lane & 15));
+    }
   };
   uint4 raw[2][kVecs];  // tokens g and g + 8
   auto load_tile = [&](int base) {
@@ -207,10 +222,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int num_heads = static_cast<int>(p.num_heads);
   for (; base < end; base += stride) {
     if constexpr (kStages > 0) {
+      __syncwarp();  // every lane has read the stage refilled next
       if (issue < end) issue_tile(issue, (stage + kStages - 1) % kStages);
       CpAsyncCommit();
       issue += stride;
       CpAsyncWait<kStages - 1>();
+      __syncwarp();  // the other lanes' copies of this tile are visible
     }
     // The A fragments of the 8 MMAs (from this tile's stage, or its registers), then the next
     // tile's loads into the freed registers.
@@ -219,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int r = 0; r < 2; ++r) {
 #pragma unroll
       for (int v = 0; v < kVecs; ++v) {
-        const uint4 q = kStages > 0 ? *stage_at(stage, r * kVecs + v) : raw[r][v];
+        const uint4 q = kStages > 0 ? *stage_at(stage, g + 8 * r, 4 * t + v) : raw[r][v];
         words[r][4 * v] = q.x;
         words[r][4 * v + 1] = q.y;
         words[r][4 * v + 2] = q.z;
