@@ -525,8 +525,11 @@ int Main(int argc, char** argv) {
     if (!sparse && sustain_s > 0.0) bench::Sustain(g_stream, run, sustain_s);
     const double ms = GraphMedianMs(run, reps);
     char note[64];
-    std::snprintf(note, sizeof(note), sustain_s > 0.0 && !sparse ? "%d splits, after %.0f s of it"
-                                                                 : "%d splits", splits, sustain_s);
+    if (sustain_s > 0.0 && !sparse) {
+      std::snprintf(note, sizeof(note), "%d splits, after %.0f s of it", splits, sustain_s);
+    } else {
+      std::snprintf(note, sizeof(note), "%d splits", splits);
+    }
     rows.push_back({name, ms, 2.0 * n * kRowBytes / ms / 1e6, note});
     return true;
   };

@@ -22,9 +22,10 @@
 // (g = lane / 4, t = lane % 4) takes tokens g and g + 8, dims [32 t, 32 t + 32) of its kv head:
 // 32 B per token for FP8 (loaded so, the 4 lanes of a quad reading one token's whole 128-dim
 // row), 64 B for bf16 (read from the shared-memory ring, filled a token slice per half warp,
-// below). The MMA's k index is permuted so that these words are its A fragment directly: MMA j's k positions {2t, 2t+1, 2t+8, 2t+9} are dims 32 t + 4 j + {0, 1, 2, 3}; the
-// query fragments (registers for the whole kernel) use the same permutation. The accumulator
-// of lane (g, t) then holds head t's logits of tokens g and g + 8: stored, and folded into the
+// below). The MMA's k index is permuted so that these words are its A fragment directly: MMA
+// j's k positions {2t, 2t+1, 2t+8, 2t+9} are dims 32 t + 4 j + {0, 1, 2, 3}; the query
+// fragments (registers for the whole kernel) use the same permutation. The accumulator of lane
+// (g, t) then holds head t's logits of tokens g and g + 8: stored, and folded into the
 // lane's online (max, sum-exp); quads, then rows of warps, then blocks combine those
 // (key_scores_internal.cuh). The next tile's keys are loaded before this tile's MMAs: into
 // registers for FP8 keys, through a per-warp ring in shared memory (cp.async) for bf16 keys.
@@ -180,18 +181,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int phys = (piece & 8) | ((piece & 7) ^ ((piece >> 3) << 1) ^ (tok & 1));
     return sm_stage + (warp * kStages + stage) * (kTile * 16) + tok * 16 + phys;
   };
-  // fn(r, v, src): the v-th 16-byte piece of this lane's part of token base + g + 8 r (clamped:
-  // an L2 hit, masked later).
-  auto for_each_piece = [&](int base, auto&& fn) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int tok = min(base + g + 8 * r, end - 1);
-      const int64_t slot = __ldg(p.slots + tok);
-      const uint4* src = keys + slot * row_vecs + lane_vec;
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v) fn(r, v, src + v);
-    }
-  };
   // Copy instruction i takes tokens 2 i and 2 i + 1 of the tile whole: lanes 0-15 the first's
   // 16 pieces, lanes 16-31 the second's (512 contiguous bytes per instruction and token pair).
   const uint4* head_keys = keys + kv * kD * 2 / 16;
@@ -203,9 +192,18 @@ __global__ void __launch_bounds__(kThreads, 2)
       CpAsyncCa16(stage_at(stage, tok, lane & 15), head_keys + slot * row_vecs + (lane & 15));
     }
   };
-  uint4 raw[2][kVecs];  // tokens g and g + 8
+  // kStages == 0 (FP8 keys): this lane's pieces of tokens base + g and base + g + 8 into
+  // registers (clamped: an L2 hit, masked later).
+  uint4 raw[2][kVecs];
   auto load_tile = [&](int base) {
-    for_each_piece(base, [&](int r, int v, const uint4* src) { raw[r][v] = __ldg(src); });
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tok = min(base + g + 8 * r, end - 1);
+      const int64_t slot = __ldg(p.slots + tok);
+      const uint4* src = keys + slot * row_vecs + lane_vec;
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) raw[r][v] = __ldg(src + v);
+    }
   };
   int base = begin + row * kTile;
   int issue = base, stage = 0;
@@ -302,18 +300,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   FinishScoreStats(p, ws);
 }
 
-template <bool kFp8, int kStages>
+// The ring's bytes per block: a stage is stage_at's 16 tokens x 16 pieces of 16 bytes per warp.
+template <int kStages>
 constexpr size_t kStageBytes =
-    static_cast<size_t>(kThreads / 32) * kStages * 2 * MmaTraits<kFp8>::kWords / 4 * 32 * 16;
+    static_cast<size_t>(kThreads / 32) * kStages * kTile * 16 * sizeof(uint4);
 
 // The shared-memory opt-in (over 48 KiB) on the current device, once (kernel_attributes.h).
 template <bool kFp8, int kStages>
 cudaError_t Configure() {
-  if constexpr (kStageBytes<kFp8, kStages> == 0) {
+  if constexpr (kStageBytes<kStages> == 0) {
     return cudaSuccess;
   } else {
     static std::atomic<uint64_t> done{0};
-    return OptInSharedMemoryOnce(ScoreKeysMmaKernel<kFp8, kStages>, kStageBytes<kFp8, kStages>,
+    return OptInSharedMemoryOnce(ScoreKeysMmaKernel<kFp8, kStages>, kStageBytes<kStages>,
                                  &done);
   }
 }
@@ -321,7 +320,7 @@ cudaError_t Configure() {
 template <bool kFp8, int kStages>
 cudaError_t Launch(const KeyScoreParams& p, cudaStream_t stream) {
   const int rows = kThreads / 32 / static_cast<int>(p.num_kv_heads);
-  constexpr size_t kSmem = kStageBytes<kFp8, kStages>;
+  constexpr size_t kSmem = kStageBytes<kStages>;
   TS_CUDA_RETURN_IF_ERROR((Configure<kFp8, kStages>()));
   static std::atomic<int64_t> resident_cache{0};
   int64_t resident = 0;
