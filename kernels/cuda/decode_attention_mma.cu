@@ -5,7 +5,7 @@
 // Memory pipeline (why: the previous version loaded a tile into registers and then computed on
 // it, so a warp had bytes in flight only between its tiles: 1.27 ms at 1M tokens, 73% of cuDNN
 // SDPA). Each warp now owns kStages shared-memory stages of one tile (K and V rows of this kv
-// head, [16][D + 8] bf16 each, the 16 B row pad makes ldmatrix conflict-free) and keeps
+// head, [16][D] bf16 each with 16-byte chunks swizzled per row, StageLayout) and keeps
 // kStages - 1 tiles in flight with cp.async (16 B per copy, L2 only) while it computes the
 // oldest: 2 x 8 KiB in flight per warp, 128 KiB per multiprocessor at 2 blocks. The tile's slot
 // and position ids are loaded one tile ahead of its copies (lanes 0-15: slots, 16-31:
@@ -29,14 +29,28 @@
 //   O^T [d x 16] += V^T . P^T (16 dims per mma, d / 16 mma): P^T's B fragments are exactly the
 //     S^T accumulators (bf16), no data movement; V^T's A fragments come from ldmatrix.trans of
 //     the V rows (tokens x 8 dims matrices, transposed in flight).
-// Registers: ~206-216 at d = 128; shared memory ~107 KiB per block (two blocks per SM, the
+// Registers: ~218-221 at d = 128; shared memory ~101 KiB per block (two blocks per SM, the
 // occupancy limit). One wave of blocks is fastest (PlanDecodeSplits).
 //
-// The kernel is bound by instruction issue, not by memory: Nsight Compute (eleventh session, 1M
-// tokens) showed 65% issue-slot use at 2 warps per scheduler, L2 at 96% and DRAM at 86% of peak,
-// and "selected" / "wait" / "dispatch" as the top stall reasons (long scoreboard 4%), ~1215
-// instructions per 16-token tile of which RoPE (angle, reduction, sincos, rotation) is ~380. The
-// eleventh session cut ~20% of them: 2 instead of 3 mma per k-step half with no zero or copied
+// Stage layout and L2 (twenty-first session). Until then the rows were padded to D + 8
+// elements for conflict-free ldmatrix. Nsight Compute at 1M tokens (H200) then counted 201.7M
+// L2 sector lookups from the SMs (34% of them hits) for 134M sectors of K and V, against 134.2M
+// for cuDNN SDPA, with L2 at 95.7% of its throughput: a cp.async.cg whose 128-byte source piece
+// lands across two 128-byte segments of shared memory requests some of its sectors twice (a
+// probe kernel: 1.5x the lookups for any padded destination, 1.0x for aligned ones; .ca copies
+// hit the repeats in L1 but leave too little L1 for the bytes in flight: 1.13-1.25 ms). With
+// the chunk swizzle every piece is aligned: 135.8M lookups, and in the same call (an H200 where
+// SDPA took 0.1274 / 0.4698 / 0.9258 ms at 128K / 512K / 1M) dense decode 0.1429-0.1432 /
+// 0.5290-0.5296 / 1.0598-1.0692 -> 0.1433-0.1434 / 0.5153-0.5157 / 0.9960-1.0013 ms cold and,
+// after 3 s of load, 0.1499 / 0.5660 / 1.1150 -> 0.1394 / 0.5306 / 1.0442 ms; sparse decode 13.6
+// -> 13.1 us. Same arithmetic, same bits.
+//
+// Earlier analysis: the kernel looked bound by instruction issue: Nsight Compute (eleventh
+// session, 1M tokens) showed 65% issue-slot use at 2 warps per scheduler, L2 at 96% and DRAM at
+// 86% of peak, and "selected" / "wait" / "dispatch" as the top stall reasons (long scoreboard
+// 4%), ~1215 instructions per 16-token tile of which RoPE (angle, reduction, sincos, rotation) is
+// ~380. The eleventh session cut ~20% of them: 2 instead of 3 mma per k-step half with no zero
+// or copied
 // A registers (above; ~130 moves per tile), the hi/lo split without byte permutes, and a cache
 // row's address as one 32 x 32 -> 64-bit multiply-add off a per-lane base pointer (was 64-bit
 // index arithmetic, ~100 instructions per tile). Dense decode went 1.288 -> 1.145 / 1.151 ms at
@@ -75,8 +89,8 @@
 // (powers of two) stay out of the loop: Q's fragments are built times K's scale, and O is
 // multiplied by V's when the warps' states are stored. Rounding commutes with power-of-two
 // scaling, so every score, probability and output is exactly the bf16 kernel's over the
-// dequantized cache: bit for bit its result. Shared memory: 4 x (4 x 4160 + 8704) B of stages
-// at d = 128, ~103 KiB per block (two blocks per SM still).
+// dequantized cache: bit for bit its result. Shared memory: 4 x (4 x 4160 + 8256) B of stages
+// at d = 128, ~98 KiB per block (two blocks per SM still).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -133,13 +147,17 @@ __device__ __forceinline__ float Hi(uint32_t w) { return __uint_as_float(w & 0xf
 constexpr int kTile = 16;    // tokens per warp tile
 constexpr int kStages = 3;   // tiles per warp: kStages - 1 in flight while one is computed
 
-// One warp's stage: K and V rows [kTile][D + 8] bf16, then the tile's kTile positions.
+// One warp's stage: K and V rows [kTile][D] bf16, then the tile's kTile positions. Row r's
+// 16-byte chunk c is stored at chunk c ^ (r & 7) (SwizzledChunk): the 8 rows of an ldmatrix
+// 8x8 matrix then hit 8 different bank groups, and each 128-byte piece of a cache row lands in
+// one 128-byte-aligned piece of shared memory (see the header: with padded rows the copies'
+// L2 sectors were requested 1.5 times).
 template <int D>
 struct StageLayout {
-  static constexpr int kRowElems = D + 8;
-  static constexpr int kRowsBytes = kTile * kRowElems * 2;
+  static constexpr int kRowsBytes = kTile * D * 2;
   static constexpr int kBytes = 2 * kRowsBytes + kTile * 4;
 };
+__device__ __forceinline__ int SwizzledChunk(int r, int c) { return c ^ (r & 7); }
 
 // FP8: one warp's raw stage: K and V rows [kTile][D] e4m3, then the positions.
 template <int D>
@@ -255,10 +273,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   unsigned char* my_bf16 = sm_dyn + warp * WarpStageBytes<D, kFp8>() + NS * RawStage::kBytes;
   const uint32_t my_bf16_addr = my_stages + NS * RawStage::kBytes;
 
-  // ldmatrix row address of this lane within a stage's K (or V) rows: matrix l / 8 is
-  // (tokens 8 (l / 16) .., dims 8 ((l / 8) % 2) ..), row l % 8.
-  const uint32_t ld_off =
-      ((8 * (lane >> 4) + (lane & 7)) * Stage::kRowElems + 8 * ((lane >> 3) & 1)) * 2;
+  // ldmatrix row addresses of this lane within a stage's K (or V) rows: matrix l / 8 is
+  // (tokens 8 (l / 16) .., dims 8 ((l / 8) % 2) ..), row l % 8. The matrices of 16-dim step j
+  // (chunks 2j and 2j + 1) start at ld_off[j % 4] + 128 (j / 4): the swizzle only flips the
+  // chunk index's low 3 bits.
+  uint32_t ld_off[4];
+  {
+    const int row = 8 * (lane >> 4) + (lane & 7);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      ld_off[m] =
+          static_cast<uint32_t>(row * D * 2 + 16 * SwizzledChunk(row, 2 * m + ((lane >> 3) & 1)));
+    }
+  }
 
   // RoPE's frequencies of this lane's dims (16 kk + 2t + {0, 1, 8, 9}), in registers for the
   // whole loop.
@@ -301,7 +328,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
         const uint64_t off = static_cast<uint64_t>(static_cast<uint32_t>(
                                  __shfl_sync(0xffffffffu, ids, r))) * row_bytes;
         const uint32_t dst = kFp8 ? stage + r * D + (lane % kCpr) * 16
-                                  : stage + (r * Stage::kRowElems + (lane % kCpr) * 8) * 2;
+                                  : stage + (r * D + SwizzledChunk(r, lane % kCpr) * 8) * 2;
         CpAsyncCg16(dst, lane_k + off);
         CpAsyncCg16(dst + kRowsBytes, lane_v + off);
       }
@@ -338,15 +365,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
           const uint2 in =
               *reinterpret_cast<const uint2*>(raw + kvi * RawStage::kRowsBytes + r * D + cc * 8);
           *reinterpret_cast<uint4*>(my_bf16 + kvi * Stage::kRowsBytes +
-                                    (r * Stage::kRowElems + cc * 8) * 2) =
+                                    (r * D + SwizzledChunk(r, cc) * 8) * 2) =
               kv_internal::Fp8x8ToBf16x8Unscaled(in);
         }
       }
       __syncwarp();  // the bf16 stage is complete
       rows = my_bf16_addr;
     }
-    const uint32_t k_addr = rows + ld_off;
-    const uint32_t v_addr = rows + Stage::kRowsBytes + ld_off;
+    // This lane's matrix address of 16-dim step j in the K rows (V rows: + kRowsBytes).
+    auto at = [&](int j) { return rows + ld_off[j % 4] + 128 * (j / 4); };
     stage_idx = stage_idx + 1 == NS ? 0 : stage_idx + 1;
     float kpos[2];
 #pragma unroll
@@ -364,8 +391,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
     for (int kk = 0; kk < KH; ++kk) {
       // r[0], r[1]: token g's b0, b1; r[2], r[3]: token 8 + g's. lo: k-step kk, hi: kk + KH.
       uint32_t lo[4], hi[4];
-      LdMatrixX4(k_addr + 32 * kk, lo);
-      LdMatrixX4(k_addr + 32 * (kk + KH), hi);
+      LdMatrixX4(at(kk), lo);
+      LdMatrixX4(at(kk + KH), hi);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         float x[4], y[4];  // dims 16 kk + 2t + {0, 1, 8, 9} and their partners
@@ -448,7 +475,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
 #pragma unroll
     for (int c = 0; c < KS; ++c) {
       uint32_t a[4];
-      LdMatrixX4Trans(v_addr + 32 * c, a);
+      LdMatrixX4Trans(at(c) + Stage::kRowsBytes, a);
       Mma(o[c], a[0], a[1], a[2], a[3], pb0, pb1);
     }
   }
