@@ -102,6 +102,7 @@
 #include "kernels/cuda/decode_attention_internal.h"
 #include "kernels/cuda/kernel_attributes.h"
 #include "kernels/cuda/kv_cache_load.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace tokenselect::kernels::cuda::internal {
 namespace {
@@ -211,7 +212,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
 
+  // RoPE's inverse frequencies are model constants (no kernel of a step writes them): loaded
+  // before the wait for the kernel ahead (a programmatic dependent launch, pdl.cuh).
   for (int i = threadIdx.x; i < kHalf; i += blockDim.x) sm_freq[i] = __ldg(p.inv_freq + i);
+  PdlWait();
+  PdlAllowDependents();  // one wave: every block has started, the merge may launch and wait
   __syncthreads();
 
   // Q fragments of head g (zero rows for g >= G), rotated, scaled by scale * log2(e), split
@@ -541,8 +546,8 @@ cudaError_t LaunchDecodeSplitMma(const DecodeAttentionParams& p, const DecodeWor
   TS_CUDA_RETURN_IF_ERROR((ConfigureDecodeSplitMma<D, G, kFp8>()));
   const dim3 grid(p.num_splits, static_cast<unsigned>(p.num_kv_heads),
                   static_cast<unsigned>(p.batch));
-  DecodeSplitMmaKernel<D, G, kFp8><<<grid, kDecodeWarps * 32, smem, stream>>>(p, ws);
-  return cudaGetLastError();
+  return LaunchPdl(DecodeSplitMmaKernel<D, G, kFp8>, grid, dim3(kDecodeWarps * 32), smem, stream,
+                   false, p, ws);
 }
 
 #define TS_INSTANTIATE_DECODE_MMA(D, G)                                                    \

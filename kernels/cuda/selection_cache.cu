@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/selection.h"
 
 namespace tokenselect::kernels::cuda {
@@ -33,6 +34,8 @@ __device__ __forceinline__ double WarpSum(double x) {
 __global__ void __launch_bounds__(kCheckThreads) SelectionCacheCheckKernel(CacheCheckParams p) {
   __shared__ double sm_red[3][kCheckThreads / 32];
   __shared__ int sm_hit;
+  // The scoring kernel (a programmatic dependent, pdl.cuh) may launch now and wait for this one.
+  PdlAllowDependents();
   double dot = 0.0, norm_q = 0.0, norm_c = 0.0;
   for (int64_t i = threadIdx.x; i < p.dim; i += kCheckThreads) {
     const double q = p.query[i];

@@ -407,6 +407,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   const uint32_t greater_before_block = BlockSum(greater_part);
   const uint32_t equal_before_block = BlockSum(equal_part);
+  // Only the compaction is left: the kernel after this one may launch (a programmatic dependent
+  // waits for this grid's end before it reads the picks; every block of this cooperative grid is
+  // resident already).
+  PdlAllowDependents();
   // This block is done with the control words (every block has passed every barrier and read
   // every histogram by now; BlockSum's barriers completed this block's reads): the last block to
   // arrive clears them for the next call, after its compaction, so that the atomic's round trip
