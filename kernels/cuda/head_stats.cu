@@ -7,7 +7,8 @@
 // would vote from sums that differ in the last bits. Here a head's statistics depend on that
 // head's logits and n only. ChunkStatsKernel: blocks of kChunk = 512 tokens (short per-warp
 // chains: the loop is latency-bound), each of the 8 warps a contiguous eighth of them, lane l
-// heads l, l + 32, ... (a warp reads whole logit rows, coalesced), an online max and sum per
+// heads l, l + 32, ... (per load a warp reads one token's logits: 16 bytes of each 4-head
+// chunk, LogitIndex), an online max and sum per
 // (warp, head) in token order; the warps' pairs meet in warp order. FinishStatsKernel: a warp
 // per head, lane l the blocks l, l + 32, ... in order, then an xor butterfly (the pairwise
 // combine is symmetric, so every lane ends with the same pair). A second read of the logits (4 H
@@ -65,15 +66,18 @@ __global__ void ChunkStatsKernel(HeadStatsParams p, float2* __restrict__ partial
   const int64_t w_end = min(w_begin + kPerWarp, n);
   for (int h = lane; h < heads; h += 32) {
     Stats s{-INFINITY, 0.0f};
+    // Head h's logit of token j is at column[j * width] (LogitIndex).
+    const float* column = p.logits + LogitIndex(0, h, p.n, heads);
+    const int64_t width = LogitIndex(1, h, p.n, heads) - LogitIndex(0, h, p.n, heads);
     int64_t j = w_begin;
     for (; j + kUnroll <= w_end; j += kUnroll) {  // loads in flight, applied in token order
       float v[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = p.logits[(j + u) * heads + h];
+      for (int u = 0; u < kUnroll; ++u) v[u] = column[(j + u) * width];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) Update(&s, v[u]);
     }
-    for (; j < w_end; ++j) Update(&s, p.logits[j * heads + h]);
+    for (; j < w_end; ++j) Update(&s, column[j * width]);
     sm[warp * kMaxHeads + h] = {s.max, s.sum};
   }
   __syncthreads();

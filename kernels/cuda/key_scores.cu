@@ -55,10 +55,11 @@
 // The skip flag (selection.h): every kernel returns before writing anything when it is set; the
 // score kernel's workspace counter then stays at 0, ready for the next launch.
 //
-// VoteKernel (pass 2). H / 4 lanes per token, 16 B each, so a warp's load is 32 / (H / 4)
-// consecutive logit rows (coalesced); per-head statistics sit in registers. The heads are summed
-// in a fixed order (4 per lane, then an xor tree), so equal logit rows give equal votes.
-// Other head counts: one thread per token, heads in order.
+// VoteKernel (pass 2). A lane per token, reading the token's 16 bytes of each 4-head chunk (a
+// warp's load: 512 contiguous bytes of one chunk); the per-head statistics in shared memory
+// (broadcast reads). The heads are summed in a fixed order (4 per chunk, then a pairwise tree
+// over the chunks), so equal logits give equal votes. Other head counts: one thread per token,
+// heads in order.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -230,7 +231,7 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
       const int32_t tok = base + idx / G;
       if (kv_ok && tok < end) {
         const float s = v[i] * p.scale;
-        p.logits[static_cast<int64_t>(tok) * num_heads + kv * G + idx % G] = s;
+        p.logits[LogitIndex(tok, kv * G + idx % G, p.n, num_heads)] = s;
         // Branch-free online update (lanes disagree on "new max" often early on).
         const float m_new = fmaxf(stats[i].x, s);
         stats[i].y = stats[i].y * __expf(stats[i].x - m_new) + __expf(s - m_new);
@@ -261,11 +262,13 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
   FinishScoreStats(p, ws);
 }
 
-// kLanes lanes per token (kLanes * 4 = num_heads): a warp reads 32 / kLanes consecutive logit
-// rows (512 contiguous bytes) per load; the lanes' partial sums meet in a fixed xor tree.
-constexpr int kVoteUnroll = 4;
-
-template <int kLanes>
+// kChunks = num_heads / 4 chunks of 4 heads (LogitIndex: chunk c is a contiguous [n][4] block).
+// A lane takes one token of each 32 consecutive ones and loads its 16 bytes of every chunk, so a
+// load instruction of the warp reads 512 contiguous bytes of one chunk. (Before, kChunks lanes
+// shared a token, one chunk each, their sums meeting in an xor tree: with the chunked layout a
+// load then took 8 pieces of 64 bytes, and the vote at 512K went 16.7 -> 24.8 us.) The lane sums
+// its chunks in the tree order of that xor butterfly, so the votes keep their bits.
+template <int kChunks>
 __global__ void VoteKernel(VoteParams p) {
   extern __shared__ float sm_head[];  // [2 * num_heads]: max, inv_sum
   PdlWait();  // launched as a dependent of ScoreKeys (or whatever preceded it)
@@ -274,22 +277,22 @@ __global__ void VoteKernel(VoteParams p) {
   const int64_t n = ResolveLength(p.device_n, p.n);
   const int num_heads = static_cast<int>(p.num_heads);
   const bool soft = p.mode == VoteMode::kSoftVote;
-  constexpr int kTokensPerWarp = 32 / kLanes;
   const int lane = threadIdx.x & 31;
-  const int sub = lane % kLanes;
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  // kVoteUnroll rows per lane group per step, loads first (clamped, results masked). The first
-  // step's loads go out before the statistics', so that the two round trips overlap: the vote
-  // at 512K 17.1 -> 16.6-16.7 us, the selection 0.3209-0.3212 -> 0.3203-0.3204 ms (H200, same
-  // call, nineteenth session).
-  constexpr int64_t kStep = kTokensPerWarp * kVoteUnroll;
-  float4 s[kVoteUnroll];
+  // kUnroll tokens per lane per step (at least 4 loads in flight per lane), loads first
+  // (clamped, results masked). The first step's loads go out before the statistics', so that
+  // the two round trips overlap (nineteenth session: the vote at 512K 17.1 -> 16.6-16.7 us).
+  constexpr int kUnroll = kChunks >= 4 ? 1 : 4 / kChunks;
+  constexpr int64_t kStep = 32 * kUnroll;
+  const float4* chunks = reinterpret_cast<const float4*>(p.logits);  // chunk c: + c * p.n
+  float4 s[kUnroll][kChunks];
   auto load_step = [&](int64_t base) {
 #pragma unroll
-    for (int u = 0; u < kVoteUnroll; ++u) {
-      const int64_t j = min(base + u * kTokensPerWarp + lane / kLanes, n - 1);
-      s[u] = __ldcs(reinterpret_cast<const float4*>(p.logits + j * num_heads) + sub);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = min(base + u * 32 + lane, n - 1);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) s[u][c] = __ldcs(chunks + c * p.n + j);
     }
   };
   const int64_t first = warp * kStep;
@@ -299,24 +302,30 @@ __global__ void VoteKernel(VoteParams p) {
     sm_head[num_heads + h] = soft ? p.head_inv_sum[h] : 1.0f;
   }
   __syncthreads();
-  float m[4], inv[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    m[e] = sm_head[sub * 4 + e];
-    inv[e] = sm_head[num_heads + sub * 4 + e];
-  }
+  const float4* m4 = reinterpret_cast<const float4*>(sm_head);
+  const float4* inv4 = reinterpret_cast<const float4*>(sm_head + num_heads);
   for (int64_t base = first; base < n; base += warps * kStep) {
     if (base != first) load_step(base);
 #pragma unroll
-    for (int u = 0; u < kVoteUnroll; ++u) {
-      const float sv[4] = {s[u].x, s[u].y, s[u].z, s[u].w};
-      float vote = 0.0f;
+    for (int u = 0; u < kUnroll; ++u) {
+      float v[kChunks];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) vote += soft ? expf(sv[e] - m[e]) * inv[e] : sv[e];
+      for (int c = 0; c < kChunks; ++c) {
+        const float4 m = m4[c], inv = inv4[c];
+        const float sv[4] = {s[u][c].x, s[u][c].y, s[u][c].z, s[u][c].w};
+        const float me[4] = {m.x, m.y, m.z, m.w}, ie[4] = {inv.x, inv.y, inv.z, inv.w};
+        float vote = 0.0f;
 #pragma unroll
-      for (int off = 1; off < kLanes; off <<= 1) vote += __shfl_xor_sync(0xffffffffu, vote, off);
-      const int64_t j = base + u * kTokensPerWarp + lane / kLanes;
-      if (sub == 0 && j < n) p.vote[j] = vote;
+        for (int e = 0; e < 4; ++e) vote += soft ? expf(sv[e] - me[e]) * ie[e] : sv[e];
+        v[c] = vote;
+      }
+#pragma unroll
+      for (int off = 1; off < kChunks; off <<= 1) {
+#pragma unroll
+        for (int c = 0; c + off < kChunks; c += 2 * off) v[c] += v[c + off];
+      }
+      const int64_t j = base + u * 32 + lane;
+      if (j < n) p.vote[j] = v[0];
     }
   }
 }
@@ -339,10 +348,9 @@ __global__ void VoteScalarKernel(VoteParams p) {
   __syncthreads();
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float* row = p.logits + j * num_heads;
     float vote = 0.0f;
     for (int h = 0; h < num_heads; ++h) {
-      const float s = __ldcs(row + h);
+      const float s = __ldcs(p.logits + LogitIndex(j, h, p.n, num_heads));
       vote += soft ? expf(s - sm_head[h]) * sm_head[num_heads + h] : s;
     }
     p.vote[j] = vote;
@@ -418,12 +426,12 @@ cudaError_t VoteFromLogits(const VoteParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   const int threads = 256;
   const size_t smem = 2 * p.num_heads * sizeof(float);
-  const int64_t lanes = p.num_heads / 4;
-  const bool vector = p.num_heads % 4 == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
-  const int64_t tokens_per_block = vector ? threads / lanes * kVoteUnroll : threads;
+  const int64_t chunks = p.num_heads / 4;
+  const bool vector = p.num_heads % 4 == 0 && chunks <= 32 && (chunks & (chunks - 1)) == 0;
+  const int64_t tokens_per_block = vector ? threads * std::max<int64_t>(1, 4 / chunks) : threads;
   int64_t blocks = (p.n + tokens_per_block - 1) / tokens_per_block;
   void (*kernel)(VoteParams) = VoteScalarKernel;
-  switch (vector ? lanes : 0) {
+  switch (vector ? chunks : 0) {
     case 1: kernel = VoteKernel<1>; break;
     case 2: kernel = VoteKernel<2>; break;
     case 4: kernel = VoteKernel<4>; break;

@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int tok = base + g + 8 * r;
       if (tok < end) {
         const float s = dot * p.scale;
-        p.logits[static_cast<int64_t>(tok) * num_heads + kv * kG + t] = s;
+        p.logits[(static_cast<int64_t>(kv) * p.n + tok) * kG + t] = s;  // LogitIndex
         const float m_new = fmaxf(stats.x, s);
         stats.y = stats.y * __expf(stats.x - m_new) + __expf(s - m_new);
         stats.x = m_new;

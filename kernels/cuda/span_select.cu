@@ -291,7 +291,7 @@ __global__ void KeptStatsKernel(float* logits, float2* partial, const int32_t* c
       // Loads only (no stores in this loop), so that they can be in flight together.
 #pragma unroll 4
       for (int64_t j = begin + threadIdx.y; j < live_end; j += blockDim.y) {
-        const float v = logits[j * num_heads + h];
+        const float v = logits[LogitIndex(j, h, n, num_heads)];
         if (v > mx) {
           l = l * expf(mx - v) + 1.0f;
           mx = v;
@@ -300,7 +300,7 @@ __global__ void KeptStatsKernel(float* logits, float2* partial, const int32_t* c
         }
       }
       for (int64_t j = max(begin, m) + threadIdx.y; j < end; j += blockDim.y) {
-        logits[j * num_heads + h] = -INFINITY;
+        logits[LogitIndex(j, h, n, num_heads)] = -INFINITY;
       }
     }
     sm[threadIdx.y][threadIdx.x] = make_float2(mx, l);

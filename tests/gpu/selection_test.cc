@@ -181,7 +181,7 @@ TEST_P(SelectionGpuTest, ScoreVoteTopKMatchCpu) {
   for (int64_t j = 0; j < c.n; ++j) {
     for (int64_t h = 0; h < c.num_heads; ++h) {
       const float ref = cpu_logits[h * c.n + j];
-      const float got = logits[j * c.num_heads + h];
+      const float got = logits[LogitIndex(j, h, c.n, c.num_heads)];
       ASSERT_NEAR(got, ref, 1e-4f + 1e-5f * std::fabs(ref)) << "token " << j << " head " << h;
     }
   }
@@ -291,8 +291,15 @@ TEST(ScoreKeysGpuTest, StatisticsAreDeterministicAndFollowTheDeviceLength) {
         if (device_length) sp.device_n.count = d_n.get();
         EXPECT_EQ(ScoreKeys(sp, nullptr), cudaSuccess);
         EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        Result r{sv.logits.Download(), sv.head_max.Download(), sv.inv_sum.Download()};
-        r.logits.resize(static_cast<size_t>(n * shape.heads));
+        // Token-major copy of the first n tokens (the layout's stride is the bound, sp.n).
+        const std::vector<float> raw = sv.logits.Download();
+        Result r{std::vector<float>(static_cast<size_t>(n * shape.heads)), sv.head_max.Download(),
+                 sv.inv_sum.Download()};
+        for (int64_t j = 0; j < n; ++j) {
+          for (int64_t h = 0; h < shape.heads; ++h) {
+            r.logits[j * shape.heads + h] = raw[LogitIndex(j, h, sp.n, shape.heads)];
+          }
+        }
         return r;
       };
       const Result first = run(false);
@@ -344,9 +351,16 @@ TEST(HeadStatsGpuTest, MatchReferenceAndDoNotDependOnTheHeadCount) {
       for (int64_t j = 0; j < n; ++j) {
         for (int64_t h = 0; h < half; ++h) upper[j * half + h] = logits[j * heads + half + h];
       }
+      // l: token-major rows of hcount logits (bound rows), put in ScoreKeys' layout.
       auto run = [&](const std::vector<float>& l, int64_t hcount, int64_t bound,
                      std::vector<float>* max, std::vector<float>* inv) {
-        DeviceBuffer<float> d_l(l), d_max(static_cast<size_t>(hcount)),
+        std::vector<float> laid(l.size());
+        for (int64_t j = 0; j < bound; ++j) {
+          for (int64_t h = 0; h < hcount; ++h) {
+            laid[LogitIndex(j, h, bound, hcount)] = l[j * hcount + h];
+          }
+        }
+        DeviceBuffer<float> d_l(laid), d_max(static_cast<size_t>(hcount)),
             d_inv(static_cast<size_t>(hcount));
         DeviceBuffer<char> ws(HeadSoftmaxStatsWorkspaceBytes(bound, hcount));
         DeviceBuffer<int32_t> d_n(std::vector<int32_t>{static_cast<int32_t>(n)});
