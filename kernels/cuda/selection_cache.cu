@@ -42,8 +42,9 @@ __global__ void __launch_bounds__(kCheckThreads) SelectionCacheCheckKernel(Cache
   const int32_t valid = threadIdx.x == 0 ? *p.cached_valid : 0;
   constexpr int kPer = 8;  // entries per thread and trip, loaded before they are summed
   double dot = 0.0, norm_q = 0.0, norm_c = 0.0;
+  float qv[kPer];  // after the loop: the query's entries of its last trip
   for (int64_t i0 = threadIdx.x; i0 < p.dim; i0 += kPer * kCheckThreads) {
-    float qv[kPer], cv[kPer];
+    float cv[kPer];
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int64_t i = i0 + k * kCheckThreads;
@@ -88,7 +89,15 @@ __global__ void __launch_bounds__(kCheckThreads) SelectionCacheCheckKernel(Cache
   }
   __syncthreads();
   if (sm_hit != 0) return;
-  for (int64_t i = threadIdx.x; i < p.dim; i += kCheckThreads) p.cached_query[i] = p.query[i];
+  if (p.dim <= kPer * kCheckThreads) {  // one trip: the query's entries are still in registers
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t i = threadIdx.x + k * kCheckThreads;
+      if (i < p.dim) p.cached_query[i] = qv[k];
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < p.dim; i += kCheckThreads) p.cached_query[i] = p.query[i];
+  }
   if (threadIdx.x == 0) *p.cached_valid = 1;
 }
 
