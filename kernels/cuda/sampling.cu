@@ -7,8 +7,8 @@
 //
 // SampleKernel: block (512 threads) per row. A kept set is described by a cut (key, id) on the
 // total order "more likely first": token i is kept iff key_i > key or (key_i == key and i <= id),
-// key_i being the order-preserving 32-bit image of the logit. Steps, each one or a few passes
-// over the row's logits (L2 hits after the first):
+// key_i being the order-preserving 32-bit image of the logit (-0 and +0 share one key). Steps,
+// each one or a few passes over the row's logits (L2 hits after the first):
 //   1. max logit (block max); min_p threshold in double on thread 0, exactly as the CPU does.
 //   2. top_k: count survivors; if more than k, a radix select (4 passes of 8-bit digits, 256-bin
 //      integer histograms in shared memory, 8 copies for 8 groups of warps; the lanes of a warp
