@@ -91,6 +91,36 @@ struct SampleCase {
 
 class SampleGpuTest : public ::testing::TestWithParam<SampleCase> {};
 
+// Sample() over `rows` rows of `vocab` logits with per-row parameters (top_k, top_p and min_p
+// the same for every row); the picked ids (the output is poisoned first).
+std::vector<int32_t> RunSample(const std::vector<float>& logits,
+                               const std::vector<float>& temperature,
+                               const std::vector<double>& uniforms, int64_t vocab, int32_t top_k,
+                               float top_p, float min_p) {
+  const int64_t rows = static_cast<int64_t>(uniforms.size());
+  const std::vector<int32_t> top_ks(static_cast<size_t>(rows), top_k);
+  const std::vector<float> top_ps(static_cast<size_t>(rows), top_p);
+  const std::vector<float> min_ps(static_cast<size_t>(rows), min_p);
+  DeviceBuffer<float> d_logits(logits), d_temperature(temperature), d_top_p(top_ps),
+      d_min_p(min_ps);
+  DeviceBuffer<int32_t> d_top_k(top_ks), d_out(static_cast<size_t>(rows));
+  DeviceBuffer<double> d_uniforms(uniforms);
+  d_out.Poison();
+  SampleParams p;
+  p.out = d_out.get();
+  p.logits = d_logits.get();
+  p.temperature = d_temperature.get();
+  p.top_k = d_top_k.get();
+  p.top_p = d_top_p.get();
+  p.min_p = d_min_p.get();
+  p.uniforms = d_uniforms.get();
+  p.rows = rows;
+  p.vocab = vocab;
+  EXPECT_EQ(Sample(p, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return d_out.Download();
+}
+
 TEST_P(SampleGpuTest, PicksWhatTheCpuDistributionPicks) {
   const SampleCase c = GetParam();
   const int64_t rows = 256;
@@ -105,26 +135,9 @@ TEST_P(SampleGpuTest, PicksWhatTheCpuDistributionPicks) {
   // Every 16th row is greedy: a batch mixes both kinds.
   std::vector<float> temperature(static_cast<size_t>(rows), c.temperature);
   for (int64_t r = 0; r < rows; r += 16) temperature[r] = 0.0f;
-  const std::vector<int32_t> top_k(static_cast<size_t>(rows), c.top_k);
-  const std::vector<float> top_p(static_cast<size_t>(rows), c.top_p);
-  const std::vector<float> min_p(static_cast<size_t>(rows), c.min_p);
-  DeviceBuffer<float> d_logits(logits), d_temperature(temperature), d_top_p(top_p), d_min_p(min_p);
-  DeviceBuffer<int32_t> d_top_k(top_k), d_out(static_cast<size_t>(rows));
-  DeviceBuffer<double> d_uniforms(uniforms);
-  d_out.Poison();
-  SampleParams p;
-  p.out = d_out.get();
-  p.logits = d_logits.get();
-  p.temperature = d_temperature.get();
-  p.top_k = d_top_k.get();
-  p.top_p = d_top_p.get();
-  p.min_p = d_min_p.get();
-  p.uniforms = d_uniforms.get();
-  p.rows = rows;
-  p.vocab = c.vocab;
-  ASSERT_EQ(Sample(p, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<int32_t> got = d_out.Download();
+  const std::vector<int32_t> got =
+      RunSample(logits, temperature, uniforms, c.vocab, c.top_k, c.top_p, c.min_p);
+  ASSERT_FALSE(HasFailure());
 
   engine::SamplingParams sp;
   sp.temperature = c.temperature;
@@ -165,27 +178,8 @@ TEST(SamplingGpuTest, NegativeAndPositiveZeroTieAtTheTopKCut) {
   for (const float top_p : {1.0f, 0.8f}) {
     SCOPED_TRACE(testing::Message() << "top_p " << top_p);
     const std::vector<float> temperature(static_cast<size_t>(rows), 2.0f);
-    const std::vector<int32_t> top_k(static_cast<size_t>(rows), 3);
-    const std::vector<float> top_ps(static_cast<size_t>(rows), top_p);
-    const std::vector<float> min_p(static_cast<size_t>(rows), 0.0f);
-    DeviceBuffer<float> d_logits(logits), d_temperature(temperature), d_top_p(top_ps),
-        d_min_p(min_p);
-    DeviceBuffer<int32_t> d_top_k(top_k), d_out(static_cast<size_t>(rows));
-    DeviceBuffer<double> d_uniforms(uniforms);
-    d_out.Poison();
-    SampleParams p;
-    p.out = d_out.get();
-    p.logits = d_logits.get();
-    p.temperature = d_temperature.get();
-    p.top_k = d_top_k.get();
-    p.top_p = d_top_p.get();
-    p.min_p = d_min_p.get();
-    p.uniforms = d_uniforms.get();
-    p.rows = rows;
-    p.vocab = vocab;
-    ASSERT_EQ(Sample(p, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<int32_t> got = d_out.Download();
+    const std::vector<int32_t> got = RunSample(logits, temperature, uniforms, vocab, 3, top_p, 0.0f);
+    ASSERT_FALSE(HasFailure());
     engine::SamplingParams sp;
     sp.temperature = 2.0f;
     sp.top_k = 3;
