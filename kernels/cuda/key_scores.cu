@@ -12,9 +12,10 @@
 //   (b) pass 1 statistics only, pass 2 recomputes:        2 * 2048 + 4       = 4100 B (50% keys)
 // so (a): at 1M tokens that is 2.15 GiB, ~0.5 ms at 4.3 TB/s, against 0.47 ms for the keys alone.
 //
-// ScoreKeysKernel (pass 1). Reads each key row once; writes logits [n, H] fp32 and one (max,
-// sum-exp) pair per (block, head); the last block of each group of 32 combines the group's, and
-// the last group's combines the groups into head_max and head_inv_sum (FinishScoreStats).
+// ScoreKeysKernel (pass 1). Reads each key row once; writes logits (n x H fp32, LogitIndex) and
+// one (max, sum-exp) pair per (block, head); the last block of each group of 32 combines the
+// group's, and the last group's combines the groups into head_max and head_inv_sum
+// (FinishScoreStats).
 // Work mapping: a kv head's d-vector is read by L = d / 8 lanes, 16 bytes each; a
 // warp covers 32 / L kv heads ("column"), kv_warps columns cover a token's whole row, and `rows`
 // such groups of warps walk the block's token range, T = 32 / g tokens per step for g = 4, 16 / g
