@@ -281,8 +281,6 @@ cudaError_t LaunchDecode(const DecodeAttentionParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.batch));
   // Two tokens per lane group per step measured faster than four (more blocks per SM:
   // 1M tokens, 132 splits: 1.68 vs 1.79 ms on H200).
-  // Both launches are programmatic dependents of the kernel ahead of them (pdl.cuh): a split
-  // block starts while that kernel drains, the merge's blocks while the split kernel runs.
   if (p.use_tensor_cores) {
     TS_CUDA_RETURN_IF_ERROR((internal::LaunchDecodeSplitMma<D, G, kFp8>(p, ws, stream)));
   } else {

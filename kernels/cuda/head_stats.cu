@@ -8,11 +8,11 @@
 // head's logits and n only. ChunkStatsKernel: blocks of kChunk = 512 tokens (short per-warp
 // chains: the loop is latency-bound), each of the 8 warps a contiguous eighth of them, lane l
 // heads l, l + 32, ... (per load a warp reads one token's logits: 16 bytes of each 4-head
-// chunk, LogitIndex), an online max and sum per
-// (warp, head) in token order; the warps' pairs meet in warp order. FinishStatsKernel: a warp
-// per head, lane l the blocks l, l + 32, ... in order, then an xor butterfly (the pairwise
-// combine is symmetric, so every lane ends with the same pair). A second read of the logits (4 H
-// bytes per token: ~6% of the key bytes for Llama-3-8B). Not key_scores_internal.cuh's
+// chunk, LogitIndex), an online max and sum per (warp, head) in token order; the warps' pairs
+// meet in warp order. FinishStatsKernel: a warp per head, lane l the blocks l, l + 32, ... in
+// order, then an xor butterfly (the pairwise combine is symmetric, so every lane ends with the
+// same pair). A second read of the logits (4 H bytes per token: ~6% of the key bytes for
+// Llama-3-8B). Not key_scores_internal.cuh's
 // FinishScoreStats / CombineStats: that combine sizes its lane groups by the head count (the
 // order this kernel exists to fix) and uses __expf where this uses expf.
 #include <cuda_runtime_api.h>

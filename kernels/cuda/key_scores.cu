@@ -269,6 +269,11 @@ __global__ void __launch_bounds__(kMaxScoreThreads)
 // shared a token, one chunk each, their sums meeting in an xor tree: with the chunked layout a
 // load then took 8 pieces of 64 bytes, and the vote at 512K went 16.7 -> 24.8 us.) The lane sums
 // its chunks in the tree order of that xor butterfly, so the votes keep their bits.
+// Tokens per lane and step of VoteKernel<chunks>: at least 4 loads in flight per lane.
+__host__ __device__ constexpr int VoteTokensPerLane(int64_t chunks) {
+  return chunks >= 4 ? 1 : static_cast<int>(4 / chunks);
+}
+
 template <int kChunks>
 __global__ void VoteKernel(VoteParams p) {
   extern __shared__ float sm_head[];  // [2 * num_heads]: max, inv_sum
@@ -281,10 +286,10 @@ __global__ void VoteKernel(VoteParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  // kUnroll tokens per lane per step (at least 4 loads in flight per lane), loads first
-  // (clamped, results masked). The first step's loads go out before the statistics', so that
-  // the two round trips overlap (nineteenth session: the vote at 512K 17.1 -> 16.6-16.7 us).
-  constexpr int kUnroll = kChunks >= 4 ? 1 : 4 / kChunks;
+  // kUnroll tokens per lane per step, loads first (clamped, results masked). The first step's
+  // loads go out before the statistics', so that the two round trips overlap (nineteenth
+  // session: the vote at 512K 17.1 -> 16.6-16.7 us).
+  constexpr int kUnroll = VoteTokensPerLane(kChunks);
   constexpr int64_t kStep = 32 * kUnroll;
   const float4* chunks = reinterpret_cast<const float4*>(p.logits);  // chunk c: + c * p.n
   float4 s[kUnroll][kChunks];
@@ -429,7 +434,7 @@ cudaError_t VoteFromLogits(const VoteParams& p, cudaStream_t stream) {
   const size_t smem = 2 * p.num_heads * sizeof(float);
   const int64_t chunks = p.num_heads / 4;
   const bool vector = p.num_heads % 4 == 0 && chunks <= 32 && (chunks & (chunks - 1)) == 0;
-  const int64_t tokens_per_block = vector ? threads * std::max<int64_t>(1, 4 / chunks) : threads;
+  const int64_t tokens_per_block = vector ? threads * VoteTokensPerLane(chunks) : threads;
   int64_t blocks = (p.n + tokens_per_block - 1) / tokens_per_block;
   void (*kernel)(VoteParams) = VoteScalarKernel;
   switch (vector ? chunks : 0) {
