@@ -231,13 +231,29 @@ __global__ void __launch_bounds__(kWarps * 32, G <= 4 ? (kUnroll > 2 ? 3 : 4) : 
   internal::WriteSplitResult<D, G, kWarps * TPW>(p, ws, sm_acc, sm_ml);
 }
 
+// The merge's partial outputs per thread kept in registers when the splits are this few.
+constexpr int kMergePrefetch = 32;
+
 __global__ void DecodeMergeKernel(DecodeAttentionParams p, DecodeWorkspace ws) {
   // Split weights 2^(lse_s - max) / sum in shared memory first (loads in parallel, not one
-  // dependent L2 round trip per split), then one coalesced pass over the partial outputs.
+  // dependent L2 round trip per split), then one coalesced pass over the partial outputs. With
+  // at most kMergePrefetch splits and one dim per thread, the thread's partial outputs are loaded
+  // with the weights' inputs, so the two loads share one round trip (twenty-second session, H200,
+  // same call: sparse decode 12.5-12.6 -> 11.5 us, the cache-hit decode step 21.6 -> 20.1 us;
+  // the same sum in the same order, so the same bits).
   extern __shared__ float sm_weight[];  // [num_splits]
   __shared__ float sm_red[32];
   PdlWait();  // the split kernel's partial outputs
   const int64_t head = static_cast<int64_t>(blockIdx.y) * p.num_heads + blockIdx.x;
+  const float* partial = ws.partial_out + head * p.num_splits * p.head_dim;
+  const bool prefetch = p.num_splits <= kMergePrefetch && p.head_dim == blockDim.x;
+  float pre[kMergePrefetch];
+  if (prefetch) {
+#pragma unroll
+    for (int s = 0; s < kMergePrefetch; ++s) {
+      if (s < p.num_splits) pre[s] = partial[s * p.head_dim + threadIdx.x];
+    }
+  }
   const float* lse = ws.partial_lse + head * p.num_splits;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   float m = -INFINITY;
@@ -265,7 +281,15 @@ __global__ void DecodeMergeKernel(DecodeAttentionParams p, DecodeWorkspace ws) {
   float w_sum = 0.0f;
   for (int w = 0; w < warps; ++w) w_sum += sm_red[w];
   const float inv = w_sum > 0.0f ? 1.0f / w_sum : 0.0f;
-  const float* partial = ws.partial_out + head * p.num_splits * p.head_dim;
+  if (prefetch) {  // the same sum, in the same order, as the loop below
+    float o = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMergePrefetch; ++s) {
+      if (s < p.num_splits) o = fmaf(sm_weight[s], pre[s], o);
+    }
+    p.out[head * p.head_dim + threadIdx.x] = __float2bfloat16(o * inv);
+    return;
+  }
   for (int dim = threadIdx.x; dim < p.head_dim; dim += blockDim.x) {
     float o = 0.0f;
 #pragma unroll 8
