@@ -179,8 +179,13 @@ ExactSelection::ExactSelection(int64_t n, int64_t k, int64_t num_heads, int64_t 
 
 cudaError_t ExactSelection::Run(cudaStream_t stream) const {
   cudaError_t err = kernels::cuda::ScoreKeys(score, stream);
-  if (err == cudaSuccess) err = kernels::cuda::VoteFromLogits(soft_vote, stream);
-  if (err == cudaSuccess) err = kernels::cuda::TopK(top_k, stream);
+  // As the engine on one GPU: the vote builds the top-k's first histogram.
+  kernels::cuda::VoteParams vote = soft_vote;
+  kernels::cuda::TopKParams top = top_k;
+  vote.top_k_workspace = top.workspace;
+  top.histogram_ready = true;
+  if (err == cudaSuccess) err = kernels::cuda::VoteFromLogits(vote, stream);
+  if (err == cudaSuccess) err = kernels::cuda::TopK(top, stream);
   return err;
 }
 

@@ -349,6 +349,9 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       vp.num_heads = c.num_heads;
       vp.mode = soft_vote ? kc::VoteMode::kSoftVote : kc::VoteMode::kSumLogits;
       vp.skip = skip;
+      // One GPU: the top-k ranks the votes as written, so the vote builds its first histogram.
+      const bool vote_histogram = tp == nullptr;
+      if (vote_histogram) vp.top_k_workspace = d.topk_workspace;
       RETURN_IF_ERROR(CudaStatus(kc::VoteFromLogits(vp, s), "VoteFromLogits"));
       // Votes (and summed logits) are sums over heads: add the other ranks' heads. On a cache
       // hit the votes are stale and the sum unused (TopK skips), but every rank still makes
@@ -363,6 +366,7 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       tp.device_n = device_candidates;
       tp.k = o.k;
       tp.skip = skip;
+      tp.histogram_ready = vote_histogram;
       RETURN_IF_ERROR(CudaStatus(kc::TopK(tp, s), "TopK"));
       lp.picks = picks;
       lp.num_picks = std::min(o.k, candidates);

@@ -99,6 +99,11 @@ struct VoteParams {
   int64_t num_heads = 0;
   VoteMode mode = VoteMode::kSoftVote;
   const int32_t* skip = nullptr;        // optional [1]: when *skip != 0, write nothing
+  // Optional: the workspace of the TopK call that ranks these votes next (nothing may change
+  // them in between, e.g. no sum across tensor-parallel ranks). The kernel adds the histogram
+  // of its votes' first radix digit into it, so that call, with histogram_ready set, skips its
+  // first pass over the votes and one grid barrier.
+  void* top_k_workspace = nullptr;
 };
 
 // Heads are summed in a fixed order, so equal logit rows give bitwise-equal votes.
@@ -132,6 +137,10 @@ struct TopKParams {
   DeviceLength device_n;                // optional: the current n on the device
   int64_t k = 0;
   const int32_t* skip = nullptr;        // optional [1]: when *skip != 0, write nothing
+  // The first digit's histogram of these scores is in the workspace already: the votes' own,
+  // added by the VoteFromLogits call with this workspace as top_k_workspace, with the same n,
+  // device_n and skip. (The call clears it, as every call leaves the workspace zeroed.)
+  bool histogram_ready = false;
 };
 
 size_t TopKWorkspaceBytes(int64_t n);

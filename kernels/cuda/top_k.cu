@@ -24,6 +24,9 @@
 //               out[#greater before i + min(#equal before i, need)] when it wins,
 //               need = k - #greater: ties go to lower indices and the output is ascending, with
 //               no sort.
+// With TopKParams::histogram_ready, pass 0's histogram is already in the workspace (the vote
+// kernel's, VoteParams::top_k_workspace): every block reads it at once, with no pass 0 and no
+// first barrier; the keys are still loaded into registers for the passes after it.
 // One launch; two grid barriers on the fast path (four on the slow one). The workspace's control
 // words (histograms, counters) must be zero at launch: the last block to finish with them
 // clears them for the next call, so the caller zeroes the workspace once after allocation.
@@ -45,6 +48,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/selection.h"
+#include "kernels/cuda/top_k_digit.cuh"
 
 namespace tokenselect::kernels::cuda {
 namespace {
@@ -54,8 +58,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 1024;
 constexpr int64_t kMinPerBlock = 2048;
 constexpr int kRegTiles = 16;  // keys per thread kept in registers
-constexpr int kTopBits = 12;   // pass 0's digit; then two of kLowBits
-constexpr int kTopBins = 1 << kTopBits;
+using top_k_digit::kTopBits;  // pass 0's digit; then two of kLowBits
+using top_k_digit::kTopBins;
 constexpr int kLowBits = 10;
 constexpr int kLowBins = 1 << kLowBits;
 constexpr int kCandPerThread = 16;
@@ -63,7 +67,7 @@ constexpr int kMaxCandidates = kThreads * kCandPerThread;
 
 // Workspace layout (uint32 words). Words [0, kControlWords) are zero at launch and cleared
 // again by the last block.
-constexpr int kHist0 = 0;                      // [kTopBins]
+constexpr int kHist0 = top_k_digit::kHist0;    // [kTopBins]
 constexpr int kHist1 = kHist0 + kTopBins;      // [kLowBins] (slow path)
 constexpr int kHist2 = kHist1 + kLowBins;      // [kLowBins] (slow path)
 constexpr int kBarrier = kHist2 + kLowBins;    // grid-barrier arrivals
@@ -77,12 +81,7 @@ constexpr int kWorkspaceWords = kCand + 2 * kMaxCandidates;
 static_assert(kCand % 2 == 0, "candidate pairs are 8-byte aligned");
 static_assert(kTopBits + 2 * kLowBits == 32, "three digits cover the key");
 
-__device__ __forceinline__ uint32_t OrderedKey(float f) {
-  if (f != f) return 0u;  // NaN ranks lowest
-  uint32_t u = __float_as_uint(f);
-  if (f == 0.0f) u = 0u;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
+using top_k_digit::OrderedKey;
 
 // Exclusive scan of one value per thread over the block; returns the total.
 __device__ uint32_t BlockExclusiveScan(uint32_t value, uint32_t* exclusive) {
@@ -217,7 +216,7 @@ __device__ Digit ChooseDigitGlobal(const uint32_t* hist, uint32_t remaining) {
 __global__ void __launch_bounds__(kThreads)
     RadixSelectKernel(int32_t* __restrict__ out, const float* __restrict__ scores, int64_t n,
                       DeviceLength device_n, uint32_t k, uint32_t* __restrict__ ws,
-                      const int32_t* skip) {
+                      const int32_t* skip, bool histogram_ready) {
   PdlWait();  // launched as a dependent of the vote (or whatever preceded it)
   if (Skipped(skip)) return;
   n = ResolveLength(device_n, n);
@@ -225,6 +224,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       out[i] = static_cast<int32_t>(i);
+    }
+    // The vote's histogram, unused, is cleared for the next call.
+    if (histogram_ready && blockIdx.x == 0) {
+      for (int b = threadIdx.x; b < kTopBins; b += blockDim.x) ws[kHist0 + b] = 0u;
     }
     return;
   }
@@ -283,8 +286,12 @@ __global__ void __launch_bounds__(kThreads)
 
   uint32_t* barrier = ws + kBarrier;
   uint32_t barriers = 0;
-  histogram(kTopBins, 32 - kTopBits, 0u, 0u, ws + kHist0);
-  GridBarrier(barrier, ++barriers * gridDim.x);
+  // Pass 0's histogram: every block's part, or the vote's (complete and visible once the vote,
+  // the kernel ahead, has finished: PdlWait).
+  if (!histogram_ready) {
+    histogram(kTopBins, 32 - kTopBits, 0u, 0u, ws + kHist0);
+    GridBarrier(barrier, ++barriers * gridDim.x);
+  }
   const Digit top = ChooseDigitGlobal<kTopBins>(ws + kHist0, k);
   uint32_t threshold = top.bin << (32 - kTopBits), need = top.remaining;
   uint32_t mask = ~0u << (32 - kTopBits);  // the bits of threshold fixed so far
@@ -462,8 +469,16 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   // The histograms are read as 16-byte vectors.
   if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) return cudaErrorInvalidValue;
   const int64_t k = std::min(p.k, p.n);
-  if (k == 0) return cudaSuccess;
-  if (k == p.n && p.device_n.count == nullptr) {
+  if (k == 0) {
+    // The vote's histogram, unused, is cleared for the next call (a set skip flag means the
+    // vote added nothing: zeros over zeros).
+    if (p.histogram_ready) {
+      return cudaMemsetAsync(static_cast<uint32_t*>(p.workspace) + kHist0, 0,
+                             kTopBins * sizeof(uint32_t), stream);
+    }
+    return cudaSuccess;
+  }
+  if (k == p.n && p.device_n.count == nullptr && !p.histogram_ready) {
     const int64_t blocks = std::min<int64_t>((p.n + kThreads - 1) / kThreads, 4096);
     IotaKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(p.out, p.n, p.skip);
     return cudaGetLastError();
@@ -482,8 +497,9 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   DeviceLength device_n = p.device_n;
   uint32_t kk = static_cast<uint32_t>(k);
   const int32_t* skip = p.skip;
+  bool ready = p.histogram_ready;
   return LaunchPdl(RadixSelectKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
-                   stream, /*cooperative=*/true, out, scores, n, device_n, kk, ws, skip);
+                   stream, /*cooperative=*/true, out, scores, n, device_n, kk, ws, skip, ready);
 }
 
 }  // namespace tokenselect::kernels::cuda

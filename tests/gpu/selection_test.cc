@@ -9,7 +9,8 @@
 // selection_cache.cc needs the policy library), step by step over query sequences and thetas;
 // the skip flags: a set flag leaves every output and workspace byte untouched, a clear one gives
 // bitwise the results of no flag, and a check -> score -> vote -> top-k chain keeps the cached
-// top-k on a hit.
+// top-k on a hit. The top-k from the vote's own first-digit histogram (VoteParams::
+// top_k_workspace, TopKParams::histogram_ready) against the two plain calls.
 //
 // Tolerance rule for the selected indices against the CPU's (votes differ by fp32 rounding: a
 // different summation order in the dot products and exp, ~1e-6 relative, checked at 1e-4):
@@ -480,6 +481,128 @@ TEST(TopKGpuTest, RefusesAMisalignedWorkspace) {
   tp.workspace = ws.get();
   EXPECT_EQ(TopK(tp, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// VoteFromLogits with top_k_workspace then TopK with histogram_ready (the engine on one GPU)
+// against the two calls without: the same votes and picks, for the vector vote kernel (32, 16
+// and 8 heads) and the scalar one (12 heads), soft votes and summed logits, lengths past the
+// top-k's register tiles (n > ~1M), a device length under a larger bound (k below, at and over
+// the current length), k = 0, crowded bins (ties), and the skip flag (nothing written). After
+// every call the vote's histogram (the workspace's first 4096 words: top_k_digit.cuh) is zero
+// again, ready for the next vote.
+TEST(VoteHistogramGpuTest, TopKFromTheVotesHistogramMatches) {
+  const gpu_test::FreshSeed seed;
+  std::mt19937 rng(seed.value());
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  struct Case {
+    int64_t heads, n, k;
+    int64_t current;  // > 0: the length on the device (n is then the bound)
+    VoteMode mode;
+    bool ties;
+  };
+  const Case cases[] = {
+      {32, 70001, 2048, 0, VoteMode::kSoftVote, false},
+      {32, 1300007, 2048, 0, VoteMode::kSoftVote, false},  // past the register tiles
+      {16, 60013, 4096, 0, VoteMode::kSoftVote, false},
+      {8, 33333, 512, 0, VoteMode::kSoftVote, false},
+      {12, 25013, 513, 0, VoteMode::kSoftVote, false},      // the scalar vote kernel
+      {32, 50021, 777, 0, VoteMode::kSumLogits, false},
+      {32, 30011, 2048, 0, VoteMode::kSoftVote, true},       // crowded bins
+      {32, 90001, 2048, 61234, VoteMode::kSoftVote, false},  // device length
+      {32, 90001, 2048, 1500, VoteMode::kSoftVote, false},   // k over the current length
+      {16, 20011, 2048, 2048, VoteMode::kSoftVote, false},   // k at the current length
+      {16, 5000, 5000, 0, VoteMode::kSoftVote, false},       // k = n
+      {32, 4099, 0, 0, VoteMode::kSoftVote, false},          // k = 0
+  };
+  constexpr int kHistWords = 4096;
+  DeviceBuffer<char> ws(TopKWorkspaceBytes(0));
+  ws.Zero();
+  auto histogram_clear = [&] {
+    const std::vector<char> bytes = ws.Download();
+    const std::vector<char> zeros(kHistWords * sizeof(uint32_t), 0);
+    return std::memcmp(bytes.data(), zeros.data(), zeros.size()) == 0;
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "heads " << c.heads << ", n " << c.n << ", k " << c.k
+                                    << ", current " << c.current);
+    const int64_t cur = c.current > 0 ? c.current : c.n;
+    std::vector<float> logits(static_cast<size_t>(c.n * c.heads));
+    for (float& x : logits) x = normal(rng);
+    if (c.ties) {  // every token of a band of 64 gets the band's first token's logits
+      for (int64_t j = 0; j < c.n; ++j) {
+        for (int64_t h = 0; h < c.heads; ++h) {
+          logits[LogitIndex(j, h, c.n, c.heads)] =
+              logits[LogitIndex(j / 64 * 64, h, c.n, c.heads)];
+        }
+      }
+    }
+    std::vector<float> head_max(static_cast<size_t>(c.heads), -INFINITY);
+    std::vector<float> inv_sum(static_cast<size_t>(c.heads));
+    for (int64_t h = 0; h < c.heads; ++h) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < cur; ++j) {
+        head_max[h] = std::max(head_max[h], logits[LogitIndex(j, h, c.n, c.heads)]);
+      }
+      for (int64_t j = 0; j < cur; ++j) {
+        sum += std::exp(double(logits[LogitIndex(j, h, c.n, c.heads)]) - head_max[h]);
+      }
+      inv_sum[h] = static_cast<float>(1.0 / sum);
+    }
+    DeviceBuffer<float> d_logits(logits), d_max(head_max), d_inv(inv_sum);
+    DeviceBuffer<float> vote_a(static_cast<size_t>(c.n)), vote_b(static_cast<size_t>(c.n));
+    const int64_t kk = std::max<int64_t>(std::min(c.k, c.n), 1);
+    DeviceBuffer<int32_t> top_a(static_cast<size_t>(kk)), top_b(static_cast<size_t>(kk));
+    DeviceBuffer<int32_t> d_cur(std::vector<int32_t>{static_cast<int32_t>(cur)});
+    DeviceBuffer<int32_t> skip_set(std::vector<int32_t>{1}), skip_clear(std::vector<int32_t>{0});
+    for (auto* b : {&vote_a, &vote_b}) b->Poison();
+    for (auto* b : {&top_a, &top_b}) b->Poison();
+    auto run = [&](DeviceBuffer<float>& vote, DeviceBuffer<int32_t>& top, const int32_t* skip,
+                   bool histogram) {
+      VoteParams vp;
+      vp.vote = vote.get();
+      vp.logits = d_logits.get();
+      vp.head_max = d_max.get();
+      vp.head_inv_sum = d_inv.get();
+      vp.n = c.n;
+      vp.num_heads = c.heads;
+      vp.mode = c.mode;
+      vp.skip = skip;
+      TopKParams tp;
+      tp.out = top.get();
+      tp.scores = vote.get();
+      tp.workspace = ws.get();
+      tp.n = c.n;
+      tp.k = c.k;
+      tp.skip = skip;
+      if (c.current > 0) vp.device_n.count = tp.device_n.count = d_cur.get();
+      if (histogram) {
+        vp.top_k_workspace = ws.get();
+        tp.histogram_ready = true;
+      }
+      EXPECT_EQ(VoteFromLogits(vp, nullptr), cudaSuccess);
+      EXPECT_EQ(TopK(tp, nullptr), cudaSuccess);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    };
+    run(vote_a, top_a, nullptr, false);
+    // A set skip flag writes nothing; a clear one is no flag.
+    run(vote_b, top_b, skip_set.get(), true);
+    for (float v : vote_b.Download()) ASSERT_TRUE(std::isnan(v)) << "written under a set skip";
+    for (int32_t i : top_b.Download()) ASSERT_EQ(i, -1) << "written under a set skip";
+    ASSERT_TRUE(histogram_clear()) << "histogram written under a set skip";
+    run(vote_b, top_b, skip_clear.get(), true);
+    ASSERT_TRUE(histogram_clear()) << "the histogram was left behind";
+    const std::vector<float> a = vote_a.Download(), b = vote_b.Download();
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), static_cast<size_t>(cur) * sizeof(float)), 0)
+        << "votes differ";
+    std::vector<int32_t> picks_a = top_a.Download(), picks_b = top_b.Download();
+    const size_t picked = static_cast<size_t>(std::min(std::min(c.k, c.n), cur));
+    picks_a.resize(picked);
+    picks_b.resize(picked);
+    ASSERT_EQ(picks_a, picks_b);
+    std::vector<int32_t> expected;
+    engine::TopKByScore(a.data(), cur, c.k, &expected);
+    ASSERT_EQ(picks_b, expected);
+  }
 }
 
 // The CPU cache's cosine (engine/selection/selection_cache.cc: SelectionQueryCosine).
