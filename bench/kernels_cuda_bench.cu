@@ -17,8 +17,10 @@
 // of sustained load (nineteenth session), so rows late in a run may be timed at a lower clock
 // than a short peer process. --sustain=S runs each dense decode case on its own for S seconds
 // before timing it (its sustained state, as bench/torch_peers.py --sustain=S does for SDPA);
-// --dense-only skips the selection rows.
-// Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only]
+// --dense-only skips the selection rows. --step-parts adds the decode step's chains cut short
+// (check + score, + vote, + top-k; the step without the check), to see what each kernel adds,
+// and A/B rows: the selection and the step with the top-k's own first histogram.
+// Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only] [--step-parts]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -199,7 +201,7 @@ int Variants(const __nv_bfloat16* kc, const __nv_bfloat16* vc, int num_sms) {
 
 int Main(int argc, char** argv) {
   TS_CUDA_CHECK(cudaStreamCreate(&g_stream));  // blocking: orders after cudaMemset poisoning
-  bool quick = false, variants = false, dense_only = false;
+  bool quick = false, variants = false, dense_only = false, step_parts = false;
   double sustain_s = 0.0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
@@ -208,11 +210,13 @@ int Main(int argc, char** argv) {
       variants = true;
     } else if (std::strcmp(argv[i], "--dense-only") == 0) {
       dense_only = true;
+    } else if (std::strcmp(argv[i], "--step-parts") == 0) {
+      step_parts = true;
     } else if (std::strncmp(argv[i], "--sustain=", 10) == 0) {
       sustain_s = std::atof(argv[i] + 10);
     } else {
       std::fprintf(stderr, "unknown argument %s\nusage: bench_kernels_cuda [--quick | --variants] "
-                   "[--sustain=S] [--dense-only]\n", argv[i]);
+                   "[--sustain=S] [--dense-only] [--step-parts]\n", argv[i]);
       return 2;
     }
   }
@@ -320,10 +324,20 @@ int Main(int argc, char** argv) {
       sp.slots = slot_sets[rep % sets]->get();
       TS_CUDA_CHECK(ScoreKeys(sp, g_stream));
     };
-    auto all = [&](int rep) {
-      score(rep);
+    // The vote and the top-k as the engine runs them on one GPU: the vote builds the top-k's
+    // first histogram (vote_histogram; the "vote only" and "top2048 only" rows run without).
+    bool vote_histogram = true;
+    auto vote_top = [&] {
+      vp.top_k_workspace = vote_histogram ? tp.workspace : nullptr;
+      tp.histogram_ready = vote_histogram;
       TS_CUDA_CHECK(VoteFromLogits(vp, g_stream));
       TS_CUDA_CHECK(TopK(tp, g_stream));
+      vp.top_k_workspace = nullptr;
+      tp.histogram_ready = false;
+    };
+    auto all = [&](int rep) {
+      score(rep);
+      vote_top();
     };
     if (n == sizes[0]) {
       // Check: fp64 CPU soft vote over the last slot set, then the top-k tolerance rule.
@@ -383,7 +397,7 @@ int Main(int argc, char** argv) {
     const double t_all = GraphMedianMs(all, reps);
     const double key_bytes = double(n) * kRowBytes;
     const long long nk = static_cast<long long>(n >> 10);
-    char what[64], note[64];
+    char what[96], note[64];
     std::snprintf(what, sizeof(what), "select N=%lldK score only", nk);
     rows.push_back({what, t_score, key_bytes / t_score / 1e6, ""});
     std::snprintf(what, sizeof(what), "select N=%lldK vote only", nk);
@@ -393,6 +407,14 @@ int Main(int argc, char** argv) {
     rows.push_back({what, t_topk, 0.0, ""});
     std::snprintf(what, sizeof(what), "select N=%lldK score+vote+top2048", nk);
     rows.push_back({what, t_all, key_bytes / t_all / 1e6, ""});
+    if (step_parts) {
+      vote_histogram = false;
+      const double t_plain = GraphMedianMs(all, reps);
+      vote_histogram = true;
+      std::snprintf(what, sizeof(what), "select N=%lldK score+vote+top2048, top-k's own histogram",
+                    nk);
+      rows.push_back({what, t_plain, key_bytes / t_plain / 1e6, ""});
+    }
 
     if (n == kCacheSlots) {
       // One layer's decode step at 1M: the cache check decides, score/vote/top-k skip on its
@@ -406,18 +428,40 @@ int Main(int argc, char** argv) {
       cp.cached_valid = valid.get();
       cp.query = d_query.get();
       cp.dim = kHeads * kDim;
-      auto step = [&](int rep) {
-        TS_CUDA_CHECK(SelectionCacheCheck(cp, g_stream));
-        sp.skip = vp.skip = tp.skip = hit.get();
-        score(rep);
-        TS_CUDA_CHECK(VoteFromLogits(vp, g_stream));
-        TS_CUDA_CHECK(TopK(tp, g_stream));
+      // The step's kernels up to `parts` (1 check, 2 score, 3 vote, 4 top-k, 5 sparse
+      // attention); with_check false leaves the check out (the scoring kernel then follows the
+      // previous step's attention).
+      auto step_upto = [&](int rep, int parts, bool with_check) {
+        if (with_check) TS_CUDA_CHECK(SelectionCacheCheck(cp, g_stream));
+        sp.skip = vp.skip = tp.skip = with_check ? hit.get() : nullptr;
+        if (parts >= 2) score(rep);
+        if (parts == 3) TS_CUDA_CHECK(VoteFromLogits(vp, g_stream));
+        if (parts >= 4) vote_top();
         sp.skip = vp.skip = tp.skip = nullptr;
         step_dp.indices = step_lists[rep % step_lists.size()]->get();
-        TS_CUDA_CHECK(DecodeAttention(step_dp, g_stream));
+        if (parts >= 5) TS_CUDA_CHECK(DecodeAttention(step_dp, g_stream));
       };
+      auto step = [&](int rep) { step_upto(rep, 5, true); };
       cp.theta = 2.0f;  // never hits: the full selection every step
       const double t_miss = GraphMedianMs(step, reps);
+      if (step_parts) {
+        const char* names[] = {"", "check", "check+score", "check+score+vote",
+                               "check+score+vote+topk"};
+        for (int parts = 2; parts <= 4; ++parts) {
+          char what[96];
+          std::snprintf(what, sizeof(what), "step part N=1M miss: %s", names[parts]);
+          rows.push_back({what, GraphMedianMs([&](int r) { step_upto(r, parts, true); }, reps),
+                          0.0, ""});
+        }
+        rows.push_back({"step part N=1M: score+vote+topk+sparse (no check)",
+                        GraphMedianMs([&](int r) { step_upto(r, 5, false); }, reps), 0.0, ""});
+        rows.push_back({"step N=1M miss (again, after the parts)", GraphMedianMs(step, reps), 0.0,
+                        ""});
+        vote_histogram = false;
+        rows.push_back({"step N=1M miss, top-k's own histogram", GraphMedianMs(step, reps), 0.0,
+                        ""});
+        vote_histogram = true;
+      }
       const int32_t miss_flag = hit.Download()[0];
       TS_CUDA_CHECK(cudaMemcpy(cached.get(), d_query.get(), query.size() * sizeof(float),
                                cudaMemcpyDeviceToDevice));
