@@ -19,7 +19,8 @@
 // before timing it (its sustained state, as bench/torch_peers.py --sustain=S does for SDPA);
 // --dense-only skips the selection rows. --step-parts adds the decode step's chains cut short
 // (check + score, + vote, + top-k; the step without the check), to see what each kernel adds,
-// and A/B rows: the selection and the step with the top-k's own first histogram.
+// and A/B rows: the selection and the step with the top-k's own first histogram, sparse decode
+// at other split counts.
 // Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only] [--step-parts]
 #include <cuda_runtime.h>
 
@@ -587,6 +588,14 @@ int Main(int argc, char** argv) {
     char name[64];
     std::snprintf(name, sizeof(name), "dense decode N=1M, %d splits", splits);
     if (!decode_case(name, 1 << 20, false, false, splits)) return 1;
+  }
+  // Sparse decode off the plan's 21 splits (H200, twenty-second session: 11.6 us at 21, 12.3 at
+  // 26, 12.5 at 33, 15.7 at 42).
+  for (int splits : {26, 33, 42}) {
+    if (!step_parts) break;
+    char name[64];
+    std::snprintf(name, sizeof(name), "sparse decode 128+2048+512, %d splits", splits);
+    if (!decode_case(name, 2688, true, false, splits)) return 1;
   }
 
   std::printf("\n%-44s %10s %10s %8s %8s  %s\n", "case (Llama-3-8B shape, bf16)", "ms", "GB/s",
