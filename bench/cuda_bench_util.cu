@@ -178,15 +178,17 @@ ExactSelection::ExactSelection(int64_t n, int64_t k, int64_t num_heads, int64_t 
 }
 
 cudaError_t ExactSelection::Run(cudaStream_t stream) const {
-  cudaError_t err = kernels::cuda::ScoreKeys(score, stream);
-  // As the engine on one GPU: the vote builds the top-k's first histogram.
+  const cudaError_t err = kernels::cuda::ScoreKeys(score, stream);
+  return err == cudaSuccess ? VoteAndTopK(stream) : err;
+}
+
+cudaError_t ExactSelection::VoteAndTopK(cudaStream_t stream, bool vote_histogram) const {
   kernels::cuda::VoteParams vote = soft_vote;
   kernels::cuda::TopKParams top = top_k;
-  vote.top_k_workspace = top.workspace;
-  top.histogram_ready = true;
-  if (err == cudaSuccess) err = kernels::cuda::VoteFromLogits(vote, stream);
-  if (err == cudaSuccess) err = kernels::cuda::TopK(top, stream);
-  return err;
+  vote.top_k_workspace = vote_histogram ? top.workspace : nullptr;
+  top.histogram_ready = vote_histogram;
+  const cudaError_t err = kernels::cuda::VoteFromLogits(vote, stream);
+  return err == cudaSuccess ? kernels::cuda::TopK(top, stream) : err;
 }
 
 }  // namespace tokenselect::bench

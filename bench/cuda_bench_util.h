@@ -79,6 +79,10 @@ struct ExactSelection {
   ExactSelection(int64_t n, int64_t k, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
   // Enqueues the three launches on `stream`; the first failing launch's error.
   cudaError_t Run(cudaStream_t stream) const;
+  // The vote and the top-k of Run: the vote builds the top-k's first histogram, as the engine
+  // does on one GPU (VoteParams::top_k_workspace); with vote_histogram false the top-k makes its
+  // own, as under tensor parallelism.
+  cudaError_t VoteAndTopK(cudaStream_t stream, bool vote_histogram = true) const;
 
   DeviceBuffer<float> logits, head_max, head_inv_sum, vote;  // [n * heads], [heads] x 2, [n]
   DeviceBuffer<char> score_workspace, topk_workspace;
