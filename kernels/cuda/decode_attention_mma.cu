@@ -52,8 +52,9 @@
 // ~380. The eleventh session cut ~20% of them: 2 instead of 3 mma per k-step half with no zero
 // or copied A registers (above; ~130 moves per tile), the hi/lo split without byte permutes, and
 // a cache row's address as one 32 x 32 -> 64-bit multiply-add off a per-lane base pointer (was
-// 64-bit index arithmetic, ~100 instructions per tile). Dense decode went 1.288 -> 1.145 / 1.151 ms at
-// 1M, 0.634 -> 0.572 / 0.577 at 512K (same call, two runs each; 88% / 90% of cuDNN SDPA).
+// 64-bit index arithmetic, ~100 instructions per tile). Dense decode went 1.288 -> 1.145 /
+// 1.151 ms at 1M, 0.634 -> 0.572 / 0.577 at 512K (same call, two runs each; 88% / 90% of cuDNN
+// SDPA).
 // The loop's SASS (twentieth session, cuobjdump, d = 128, G = 4): 968 instructions per tile:
 // RoPE's sine and cosine 256 (FMUL, FRND, 2 FFMA, FMUL, 2 MUFU per token and frequency; every kv
 // head's block computes them again), the rotation 128, the hi/lo split 192, unpacking K 64, mma

@@ -12,9 +12,9 @@
 // meet in warp order. FinishStatsKernel: a warp per head, lane l the blocks l, l + 32, ... in
 // order, then an xor butterfly (the pairwise combine is symmetric, so every lane ends with the
 // same pair). A second read of the logits (4 H bytes per token: ~6% of the key bytes for
-// Llama-3-8B). Not key_scores_internal.cuh's
-// FinishScoreStats / CombineStats: that combine sizes its lane groups by the head count (the
-// order this kernel exists to fix) and uses __expf where this uses expf.
+// Llama-3-8B). Not key_scores_internal.cuh's FinishScoreStats / CombineStats: that combine sizes
+// its lane groups by the head count (the order this kernel exists to fix) and uses __expf where
+// this uses expf.
 #include <cuda_runtime_api.h>
 
 #include <cmath>

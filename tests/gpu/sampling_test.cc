@@ -178,7 +178,8 @@ TEST(SamplingGpuTest, NegativeAndPositiveZeroTieAtTheTopKCut) {
   for (const float top_p : {1.0f, 0.8f}) {
     SCOPED_TRACE(testing::Message() << "top_p " << top_p);
     const std::vector<float> temperature(static_cast<size_t>(rows), 2.0f);
-    const std::vector<int32_t> got = RunSample(logits, temperature, uniforms, vocab, 3, top_p, 0.0f);
+    const std::vector<int32_t> got =
+        RunSample(logits, temperature, uniforms, vocab, 3, top_p, 0.0f);
     ASSERT_FALSE(HasFailure());
     engine::SamplingParams sp;
     sp.temperature = 2.0f;
