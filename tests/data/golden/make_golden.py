@@ -16,7 +16,9 @@ fixed seed, stored in the output so the C++ test needs no tokenizer) and records
     little-endian float32, rows in the order the manifest lists them;
   - a 32-token greedy continuation (argmax, lowest id on ties, ignoring EOS);
   - the SHA-256 of model.safetensors, so a test can tell "checkpoint changed" from "forward wrong".
-The manifest is OUT_DIR/golden.json. The C++ side is tests/unit/engine/model/hf_parity_test.cc.
+The manifest is OUT_DIR/golden.json. The C++ side is tests/unit/engine/generation/
+hf_parity_test.cc (CPU) and tests/gpu/hf_parity_test.cc (GPU);
+tests/data/golden_trained/make_trained.py records the same format for a trained checkpoint.
 """
 import hashlib
 import json

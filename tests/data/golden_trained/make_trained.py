@@ -31,6 +31,9 @@ float32 and eager attention on the CPU, and records into OUT_DIR what make_golde
 language: 4 topics x lengths 1 .. 1024. golden.json also gets, per prompt, the smallest gap
 between the top two logits along the greedy continuation (`greedy_min_gap`), and the training
 summary.
+
+Training on a GPU is not bit-reproducible (two runs on one H100 differed in the last bits), so
+the committed model.safetensors is the reference: a rerun replaces it and the goldens together.
 """
 import json
 import math
