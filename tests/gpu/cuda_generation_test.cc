@@ -27,7 +27,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,14 +41,13 @@
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model.h"
 #include "engine/model/model_presets.h"
-#include "engine/model/weights.h"
 #include "engine/selection/cuda_selection.h"
 #include "engine/selection/selection_attention.h"
 #include "engine/transfer/kv_format.h"
 #include "engine/transfer/kv_receiver.h"
-#include "nlohmann/json.hpp"
 #include "tests/gpu/gpu_engine_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/trained_checkpoint.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tokenselect::engine {
@@ -318,24 +316,20 @@ TEST_P(CudaGenerationTest, KvCarriedThroughTheHostDecodesLikeTheOriginal) {
 // Free-running greedy generation on the trained checkpoint, GPU against the bf16-emulating CPU,
 // over the golden prompts (in the language the model was trained on), every policy.
 TEST(CudaGenerationTrainedTest, TrainedCheckpointGreedyMatchesTheCpu) {
-  const std::string dir = "tests/data/golden_trained/llama-topics";
-  std::ifstream in("tests/data/golden_trained/golden.json");
-  ASSERT_TRUE(in.good()) << "run from the source root (tests/data/golden_trained/golden.json)";
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  auto config = LoadModelConfig(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto weights = LoadWeights(*config, dir, nullptr);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  auto tok = tokenizer::Tokenizer::LoadFromDirectory(dir);
+  auto prompts = gpu_test::TrainedPrompts();
+  ASSERT_TRUE(prompts.ok()) << prompts.status();
+  auto trained = gpu_test::LoadTrainedCheckpoint();
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto tok = tokenizer::Tokenizer::LoadFromDirectory(gpu_test::kTrainedDir);
   ASSERT_TRUE(tok.ok()) << tok.status();
   CudaModelOptions options;
   options.max_tokens = 1024 + 64;
   options.max_chunk = 64;
-  auto gpu = CudaModel::Create(*config, *weights, options);
+  auto gpu = CudaModel::Create(trained->config, trained->weights, options);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   ModelOptions bf16;
   bf16.emulate_bf16 = true;
-  auto cpu = Model::Create(*config, *std::move(weights), bf16);
+  auto cpu = Model::Create(trained->config, std::move(trained->weights), bf16);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto pool = PagePool::Create((*cpu)->KvCacheOptions(72, 16));
   ASSERT_TRUE(pool.ok());
@@ -352,8 +346,8 @@ TEST(CudaGenerationTrainedTest, TrainedCheckpointGreedyMatchesTheCpu) {
     gen.sampling.ignore_eos = true;
     gen.selection = SmallBudget(policy);
     int same = 0, total = 0;
-    for (const nlohmann::json& entry : golden["presets"]["llama-topics"]["prompts"]) {
-      const std::vector<int32_t> prompt = entry["ids"].get<std::vector<int32_t>>();
+    for (const gpu_test::TrainedPrompt& entry : *prompts) {
+      const std::vector<int32_t>& prompt = entry.ids;
       auto want = cpu_gen.Generate(prompt, gen, nullptr);
       ASSERT_TRUE(want.ok()) << want.status();
       auto got = gpu_gen.Generate(prompt, gen, nullptr);

@@ -44,7 +44,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,9 +57,9 @@
 #include "engine/parallel/tp_cuda_model.h"
 #include "engine/model/weights.h"
 #include "engine/selection/cuda_selection.h"
-#include "nlohmann/json.hpp"
 #include "tests/gpu/gpu_engine_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/trained_checkpoint.h"
 
 namespace tokenselect::engine {
 namespace {
@@ -72,11 +71,10 @@ const bool kEagerLoading = [] {
   return true;
 }();
 
-constexpr char kTrainedModel[] = "llama-topics";
-constexpr char kTrainedDir[] = "tests/data/golden_trained/llama-topics";
+using gpu_test::kTrainedModel;
 
 absl::StatusOr<ModelConfig> TestConfig(const std::string& name) {
-  if (name == kTrainedModel) return LoadModelConfig(kTrainedDir);
+  if (name == kTrainedModel) return LoadModelConfig(gpu_test::kTrainedDir);
   PresetOptions preset;
   preset.vocab_size = 2048;
   if (name == "llama3-rope-kv4") {
@@ -212,7 +210,8 @@ class TpModelTest : public ::testing::TestWithParam<TpCase> {
     DummyWeightOptions dummy;
     dummy.init = DummyInit::kHuggingFace;
     dummy.seed = 11;
-    auto weights = Trained() ? LoadWeights(config_, kTrainedDir) : LoadDummyWeights(config_, dummy);
+    auto weights =
+        Trained() ? LoadWeights(config_, gpu_test::kTrainedDir) : LoadDummyWeights(config_, dummy);
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = std::make_unique<ModelWeights>(*std::move(weights));
     one_ = MakeModel(1, true);
@@ -245,13 +244,11 @@ class TpModelTest : public ::testing::TestWithParam<TpCase> {
       for (int i = 0; i < 20; ++i) out.push_back(Prompt(40 + 23 * i, 1000 + i, config_.vocab_size));
       return out;
     }
-    std::ifstream in("tests/data/golden_trained/golden.json");
-    EXPECT_TRUE(in.good()) << "run from the source root (tests/data/golden_trained)";
-    if (!in.good()) return out;
-    const nlohmann::json golden = nlohmann::json::parse(in);
-    for (const nlohmann::json& p : golden["presets"][kTrainedModel]["prompts"]) {
-      std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
-      if (static_cast<int64_t>(ids.size()) + 32 <= kMaxTokens) out.push_back(std::move(ids));
+    auto golden = gpu_test::TrainedPrompts();
+    EXPECT_TRUE(golden.ok()) << golden.status();
+    if (!golden.ok()) return out;
+    for (gpu_test::TrainedPrompt& p : *golden) {
+      if (static_cast<int64_t>(p.ids.size()) + 32 <= kMaxTokens) out.push_back(std::move(p.ids));
     }
     return out;
   }
