@@ -146,20 +146,38 @@ TEST_P(CudaGenerationTest, ChunkedPrefillLogitsMatchTheCpu) {
   }
 }
 
+// The policies the greedy comparisons run, each with the small budget.
+constexpr SelectionPolicyKind kGreedyPolicies[] = {
+    SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect, SelectionPolicyKind::kQuest,
+    SelectionPolicyKind::kStreaming};
+
+// 32 greedy tokens past any EOS with `policy`'s small budget.
+GenerationOptions GreedyOptions(SelectionPolicyKind policy) {
+  GenerationOptions options;
+  options.sampling.temperature = 0;
+  options.sampling.max_new_tokens = 32;
+  options.sampling.ignore_eos = true;
+  options.selection = SmallBudget(policy);
+  return options;
+}
+
+// True when the two continuations of prompt `i` agree; otherwise prints where they part.
+bool SameContinuation(const GenerationResult& got, const GenerationResult& want, int i,
+                      size_t prompt_tokens) {
+  if (got.token_ids == want.token_ids) return true;
+  std::printf("  prompt %d (%zu tokens): first difference at generated token %zu\n", i,
+              prompt_tokens, gpu_test::FirstDifference(got.token_ids, want.token_ids));
+  return false;
+}
+
 // Free-running greedy generation through Generator on both backends.
 TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
   CpuBackend cpu_backend(cpu_.get(), pool_.get());
   CudaBackend gpu_backend(gpu_.get());
   Generator cpu_gen(&cpu_backend, tokenizer_.get());
   Generator gpu_gen(&gpu_backend, tokenizer_.get());
-  for (SelectionPolicyKind policy :
-       {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect,
-        SelectionPolicyKind::kQuest, SelectionPolicyKind::kStreaming}) {
-    GenerationOptions options;
-    options.sampling.temperature = 0;
-    options.sampling.max_new_tokens = 32;
-    options.sampling.ignore_eos = true;
-    options.selection = SmallBudget(policy);
+  for (SelectionPolicyKind policy : kGreedyPolicies) {
+    const GenerationOptions options = GreedyOptions(policy);
     const bool scores = policy == SelectionPolicyKind::kTokenSelect ||
                         policy == SelectionPolicyKind::kQuest;
     if (scores && !GpuScores(config_)) continue;
@@ -172,12 +190,7 @@ TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
       auto got = gpu_gen.Generate(prompt, options, nullptr);
       ASSERT_TRUE(got.ok()) << got.status();
       ++total;
-      if (got->token_ids == want->token_ids) {
-        ++same;
-      } else {
-        std::printf("  prompt %d (%zu tokens): first difference at generated token %zu\n", i,
-                    prompt.size(), gpu_test::FirstDifference(got->token_ids, want->token_ids));
-      }
+      same += SameContinuation(*got, *want, i, prompt.size());
       EXPECT_EQ(got->stats.generated_tokens, 32);
       hits += got->stats.cache.hits;
       lookups += got->stats.cache.lookups();
@@ -337,29 +350,15 @@ TEST(CudaGenerationTrainedTest, TrainedCheckpointGreedyMatchesTheCpu) {
   CudaBackend gpu_backend(gpu->get());
   Generator cpu_gen(&cpu_backend, tok->get());
   Generator gpu_gen(&gpu_backend, tok->get());
-  for (SelectionPolicyKind policy :
-       {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect,
-        SelectionPolicyKind::kQuest, SelectionPolicyKind::kStreaming}) {
-    GenerationOptions gen;
-    gen.sampling.temperature = 0;
-    gen.sampling.max_new_tokens = 32;
-    gen.sampling.ignore_eos = true;
-    gen.selection = SmallBudget(policy);
+  for (SelectionPolicyKind policy : kGreedyPolicies) {
+    const GenerationOptions gen = GreedyOptions(policy);
     int same = 0, total = 0;
     for (const gpu_test::TrainedPrompt& entry : *prompts) {
-      const std::vector<int32_t>& prompt = entry.ids;
-      auto want = cpu_gen.Generate(prompt, gen, nullptr);
+      auto want = cpu_gen.Generate(entry.ids, gen, nullptr);
       ASSERT_TRUE(want.ok()) << want.status();
-      auto got = gpu_gen.Generate(prompt, gen, nullptr);
+      auto got = gpu_gen.Generate(entry.ids, gen, nullptr);
       ASSERT_TRUE(got.ok()) << got.status();
-      ++total;
-      if (got->token_ids == want->token_ids) {
-        ++same;
-      } else {
-        std::printf("  %s, prompt %d (%zu tokens): first difference at generated token %zu\n",
-                    std::string(PolicyName(policy)).c_str(), total - 1, prompt.size(),
-                    gpu_test::FirstDifference(got->token_ids, want->token_ids));
-      }
+      same += SameContinuation(*got, *want, total++, entry.ids.size());
     }
     std::printf("llama-topics (trained) %s: identical greedy continuations on %d of %d prompts\n",
                 std::string(PolicyName(policy)).c_str(), same, total);

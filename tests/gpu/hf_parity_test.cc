@@ -141,11 +141,15 @@ Summary Compare(const std::string& golden_dir, DummyInit init) {
   return summary;
 }
 
+void Print(const std::string& what, const Summary& s) {
+  std::printf("GPU vs transformers fp32, %s: logits rel L2 median %.3g worst %.3g; identical "
+              "greedy continuations %d of %d\n",
+              what.c_str(), s.median, s.worst, s.same_greedy, s.prompts);
+}
+
 TEST(GpuHfParityTest, CommittedGoldensScaledPresets) {
   const Summary s = Compare("tests/data/golden", DummyInit::kScaled);
-  std::printf("GPU vs transformers fp32, kScaled presets: logits rel L2 median %.3g worst %.3g; "
-              "identical greedy continuations %d of %d\n",
-              s.median, s.worst, s.same_greedy, s.prompts);
+  Print("kScaled presets", s);
   // These random layers amplify rounding (docs/gpu.md): a loose bound that still catches a
   // broken forward pass (which lands at O(1)).
   EXPECT_LE(s.median, 0.1);
@@ -156,17 +160,13 @@ TEST(GpuHfParityTest, QuietCheckpoints) {
   const char* env = std::getenv("TS_HF_GOLDEN_DIR");
   const std::string dir = env != nullptr ? env : "tests/data/golden_hf";
   const Summary s = Compare(dir, DummyInit::kHuggingFace);
-  std::printf("GPU vs transformers fp32, %s: logits rel L2 median %.3g worst %.3g; identical "
-              "greedy continuations %d of %d\n",
-              dir.c_str(), s.median, s.worst, s.same_greedy, s.prompts);
+  Print(dir, s);
   EXPECT_LE(s.worst, 2e-2);
 }
 
 TEST(GpuHfParityTest, TrainedCheckpoint) {
   const Summary s = Compare("tests/data/golden_trained", DummyInit::kHuggingFace);
-  std::printf("GPU vs transformers fp32, trained checkpoint: logits rel L2 median %.3g worst %.3g; "
-              "identical greedy continuations %d of %d\n",
-              s.median, s.worst, s.same_greedy, s.prompts);
+  Print("trained checkpoint", s);
   EXPECT_EQ(s.prompts, 40);
   EXPECT_LE(s.worst, 2e-2);
   EXPECT_GE(s.same_greedy * 100, s.prompts * 95);
