@@ -54,8 +54,8 @@
 #include "engine/model/cuda_model.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model_presets.h"
-#include "engine/parallel/tp_cuda_model.h"
 #include "engine/model/weights.h"
+#include "engine/parallel/tp_cuda_model.h"
 #include "engine/selection/cuda_selection.h"
 #include "tests/gpu/gpu_engine_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -344,11 +344,11 @@ TEST_P(TpModelTest, LogitsMatchOneGpu) {
 
 // Free-running greedy generation: chunked prefill, then 32 tokens, on one GPU and on TP ranks.
 // Greedy 32-token continuations of 20 prompts (the trained checkpoint: its golden prompts), TP
-// against one GPU. Where a continuation differs,
-// the line printed says how close the two tokens were at the first difference: the 1-GPU logit
-// gap between its token and TP's, next to the step's largest logit difference between the two
-// models and the median top-1/top-2 gap of the 1-GPU steps (how far apart the best two tokens
-// usually are). On these random-weight models the differences come at near-ties.
+// against one GPU. Where a continuation differs, the line printed says how close the two tokens
+// were at the first difference: the 1-GPU logit gap between its token and TP's, next to the
+// step's largest logit difference between the two models and the median top-1/top-2 gap of the
+// 1-GPU steps (how far apart the best two tokens usually are). On the random-weight models the
+// differences come at near-ties.
 TEST_P(TpModelTest, GreedyContinuationsMatchOneGpuAndRanksSelectAlike) {
   struct Run {
     std::vector<int32_t> tokens;
