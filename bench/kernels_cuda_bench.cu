@@ -424,7 +424,9 @@ int Main(int argc, char** argv) {
       cp.dim = kHeads * kDim;
       // The step's kernels up to `parts` (1 check, 2 score, 3 vote, 4 top-k, 5 sparse
       // attention); with_check false leaves the check out (the scoring kernel then follows the
-      // previous step's attention).
+      // previous step's attention). Part 3's vote is the plain one (no top-k would clear its
+      // histogram), with 4 waves of blocks where the step's vote has one: parts 4 - 3 is not the
+      // step's top-k; the "vote only" and "top2048 only" rows time the two apart.
       auto step_upto = [&](int rep, int parts, bool with_check) {
         if (with_check) TS_CUDA_CHECK(SelectionCacheCheck(cp, g_stream));
         sp.skip = vp.skip = tp.skip = with_check ? hit.get() : nullptr;

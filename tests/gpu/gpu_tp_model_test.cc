@@ -54,7 +54,6 @@
 #include "engine/model/cuda_model.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model_presets.h"
-#include "engine/model/weights.h"
 #include "engine/parallel/tp_cuda_model.h"
 #include "engine/selection/cuda_selection.h"
 #include "tests/gpu/gpu_engine_test_util.h"
@@ -73,8 +72,8 @@ const bool kEagerLoading = [] {
 
 using gpu_test::kTrainedModel;
 
+// The random-weight cases' configs (the trained checkpoint brings its own).
 absl::StatusOr<ModelConfig> TestConfig(const std::string& name) {
-  if (name == kTrainedModel) return LoadModelConfig(gpu_test::kTrainedDir);
   PresetOptions preset;
   preset.vocab_size = 2048;
   if (name == "llama3-rope-kv4") {
@@ -204,16 +203,22 @@ class TpModelTest : public ::testing::TestWithParam<TpCase> {
     if (devices < GetParam().tp) {
       GTEST_SKIP() << "needs " << GetParam().tp << " GPUs, " << devices << " present";
     }
-    auto config = TestConfig(GetParam().model);
-    ASSERT_TRUE(config.ok()) << config.status();
-    config_ = *config;
-    DummyWeightOptions dummy;
-    dummy.init = DummyInit::kHuggingFace;
-    dummy.seed = 11;
-    auto weights =
-        Trained() ? LoadWeights(config_, gpu_test::kTrainedDir) : LoadDummyWeights(config_, dummy);
-    ASSERT_TRUE(weights.ok()) << weights.status();
-    weights_ = std::make_unique<ModelWeights>(*std::move(weights));
+    if (Trained()) {
+      auto trained = gpu_test::LoadTrainedCheckpoint();
+      ASSERT_TRUE(trained.ok()) << trained.status();
+      config_ = trained->config;
+      weights_ = std::make_unique<ModelWeights>(std::move(trained->weights));
+    } else {
+      auto config = TestConfig(GetParam().model);
+      ASSERT_TRUE(config.ok()) << config.status();
+      config_ = *config;
+      DummyWeightOptions dummy;
+      dummy.init = DummyInit::kHuggingFace;
+      dummy.seed = 11;
+      auto weights = LoadDummyWeights(config_, dummy);
+      ASSERT_TRUE(weights.ok()) << weights.status();
+      weights_ = std::make_unique<ModelWeights>(*std::move(weights));
+    }
     one_ = MakeModel(1, true);
     ASSERT_NE(one_, nullptr);
     tp_ = MakeModel(GetParam().tp, true);
