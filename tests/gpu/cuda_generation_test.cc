@@ -38,7 +38,6 @@
 #include "engine/kvcache/page_pool.h"
 #include "engine/kvcache/token_table.h"
 #include "engine/model/cuda_model.h"
-#include "engine/model/dummy_weights.h"
 #include "engine/model/model.h"
 #include "engine/model/model_presets.h"
 #include "engine/selection/cuda_selection.h"
@@ -71,10 +70,7 @@ class CudaGenerationTest : public ::testing::TestWithParam<std::string> {
     auto config = PresetConfig(GetParam(), preset);
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
-    DummyWeightOptions dummy;
-    dummy.init = DummyInit::kHuggingFace;
-    dummy.seed = 11;
-    auto weights = LoadDummyWeights(config_, dummy);
+    auto weights = gpu_test::QuietWeights(config_);
     ASSERT_TRUE(weights.ok()) << weights.status();
     CudaModelOptions options;
     options.max_tokens = 1024;
@@ -249,10 +245,7 @@ TEST_P(CudaGenerationTest, KvCarriedThroughTheHostDecodesLikeTheOriginal) {
   CudaModelOptions options;
   options.max_tokens = 2048;
   options.max_chunk = 64;
-  DummyWeightOptions dummy;
-  dummy.init = DummyInit::kHuggingFace;
-  dummy.seed = 11;
-  auto weights = LoadDummyWeights(config_, dummy);
+  auto weights = gpu_test::QuietWeights(config_);
   ASSERT_TRUE(weights.ok());
   auto other = CudaModel::Create(config_, *weights, options);
   ASSERT_TRUE(other.ok()) << other.status();

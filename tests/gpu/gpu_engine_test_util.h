@@ -1,6 +1,6 @@
 // Helpers shared by the GPU tests of the engine (generation, tensor parallelism): deterministic
-// prompts, a small selection budget that makes the generated presets select, and where two
-// continuations part.
+// prompts, the random weights of the test models, a small selection budget that makes the
+// generated presets select, and where two continuations part.
 #ifndef TOKENSELECT_TESTS_GPU_GPU_ENGINE_TEST_UTIL_H_
 #define TOKENSELECT_TESTS_GPU_GPU_ENGINE_TEST_UTIL_H_
 
@@ -11,6 +11,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "engine/model/dummy_weights.h"
+#include "engine/model/model_config.h"
+#include "engine/model/weights.h"
 #include "engine/selection/selection_options.h"
 
 namespace tokenselect::gpu_test {
@@ -34,6 +38,15 @@ inline std::vector<int32_t> Prompt(int64_t n, int64_t salt, int64_t vocab) {
         static_cast<int32_t>(3 + (i * 7919 + salt * 104729) % (vocab - 3));
   }
   return ids;
+}
+
+// The test models' random weights: transformers' own init (N(0, 0.02), DummyInit::kHuggingFace),
+// seed 11, the same in every test that compares models built from them.
+inline absl::StatusOr<engine::ModelWeights> QuietWeights(const engine::ModelConfig& config) {
+  engine::DummyWeightOptions dummy;
+  dummy.init = engine::DummyInit::kHuggingFace;
+  dummy.seed = 11;
+  return engine::LoadDummyWeights(config, dummy);
 }
 
 // Index of the first token where two continuations differ (the shorter one's length when one is

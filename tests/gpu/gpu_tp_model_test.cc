@@ -212,10 +212,7 @@ class TpModelTest : public ::testing::TestWithParam<TpCase> {
       auto config = TestConfig(GetParam().model);
       ASSERT_TRUE(config.ok()) << config.status();
       config_ = *config;
-      DummyWeightOptions dummy;
-      dummy.init = DummyInit::kHuggingFace;
-      dummy.seed = 11;
-      auto weights = LoadDummyWeights(config_, dummy);
+      auto weights = gpu_test::QuietWeights(config_);
       ASSERT_TRUE(weights.ok()) << weights.status();
       weights_ = std::make_unique<ModelWeights>(*std::move(weights));
     }
