@@ -15,13 +15,18 @@
 // The last table's rows are what bench/torch_peers.py --ours compares against its PyTorch peers.
 // Power state: on an H200 SXM at its 700 W limit the SM clock drops to 1.1-1.6 GHz within ~1.5 s
 // of sustained load (nineteenth session), so rows late in a run may be timed at a lower clock
-// than a short peer process. --sustain=S runs each dense decode case on its own for S seconds
-// before timing it (its sustained state, as bench/torch_peers.py --sustain=S does for SDPA);
-// --dense-only skips the selection rows. --step-parts adds the decode step's chains cut short
+// than a short peer process. --sustain=S runs each dense decode case, and the decode step's miss
+// case, on its own for S seconds before timing it (its sustained state, as
+// bench/torch_peers.py --sustain=S does for SDPA);
+// --dense-only skips the selection rows. --step-only times the 1M decode step alone (miss and
+// hit, after its check), for a fresh short process like bench/torch_peers.py --step-only: the
+// two then run in the same power state (with --sustain=S, the miss step after S seconds of it).
+// --step-parts adds the decode step's chains cut short
 // (check + score, + vote, + top-k; the step without the check), to see what each kernel adds,
 // and A/B rows: the selection and the step with the top-k's own first histogram, sparse decode
 // at other split counts.
-// Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only] [--step-parts]
+// Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only | --step-only]
+//                           [--step-parts]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -200,9 +205,27 @@ int Variants(const __nv_bfloat16* kc, const __nv_bfloat16* vc, int num_sms) {
   return 0;
 }
 
+// The last table (bench/torch_peers.py --ours parses it); returns 0.
+int PrintRows(const std::vector<Row>& rows, double copy_gbps, double read_gbps) {
+  std::printf("\n%-44s %10s %10s %8s %8s  %s\n", "case (Llama-3-8B shape, bf16)", "ms", "GB/s",
+              "%copy", "%read", "note");
+  for (const Row& r : rows) {
+    if (r.gbps > 0.0) {
+      std::printf("%-44s %10.4f %10.1f %7.1f%% %7.1f%%  %s\n", r.what.c_str(), r.ms, r.gbps,
+                  100.0 * r.gbps / copy_gbps, 100.0 * r.gbps / read_gbps, r.note.c_str());
+    } else {
+      std::printf("%-44s %10.4f %10s %8s %8s  %s\n", r.what.c_str(), r.ms, "-", "-", "-",
+                  r.note.c_str());
+    }
+  }
+  std::printf("GB/s: selection counts key bytes (N * 2 KiB); decode counts K + V bytes; copy "
+              "counts read + write; %%read is against the read-only kernel.\n");
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   TS_CUDA_CHECK(cudaStreamCreate(&g_stream));  // blocking: orders after cudaMemset poisoning
-  bool quick = false, variants = false, dense_only = false, step_parts = false;
+  bool quick = false, variants = false, dense_only = false, step_only = false, step_parts = false;
   double sustain_s = 0.0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
@@ -211,13 +234,15 @@ int Main(int argc, char** argv) {
       variants = true;
     } else if (std::strcmp(argv[i], "--dense-only") == 0) {
       dense_only = true;
+    } else if (std::strcmp(argv[i], "--step-only") == 0) {
+      step_only = true;
     } else if (std::strcmp(argv[i], "--step-parts") == 0) {
       step_parts = true;
     } else if (std::strncmp(argv[i], "--sustain=", 10) == 0) {
       sustain_s = std::atof(argv[i] + 10);
     } else {
       std::fprintf(stderr, "unknown argument %s\nusage: bench_kernels_cuda [--quick | --variants] "
-                   "[--sustain=S] [--dense-only] [--step-parts]\n", argv[i]);
+                   "[--sustain=S] [--dense-only | --step-only] [--step-parts]\n", argv[i]);
       return 2;
     }
   }
@@ -307,6 +332,7 @@ int Main(int argc, char** argv) {
   const int64_t sizes[] = {32 << 10, 128 << 10, 512 << 10, 1 << 20};
   for (int64_t n : sizes) {
     if (dense_only) break;
+    if (step_only && n != kCacheSlots) continue;
     // Rotate among disjoint slot windows so that the keys of a rep are not in L2.
     const int sets = static_cast<int>(std::min<int64_t>(8, kCacheSlots / n));
     std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> slot_sets;
@@ -333,7 +359,7 @@ int Main(int argc, char** argv) {
       score(rep);
       vote_top();
     };
-    if (n == sizes[0]) {
+    if (n == sizes[0] && !step_only) {
       // Check: fp64 CPU soft vote over the last slot set, then the top-k tolerance rule.
       sel.logits.Poison();
       sel.vote.Poison();
@@ -384,24 +410,26 @@ int Main(int argc, char** argv) {
                   (max_rel < 1e-4 && bad == 0 && sorted_ok) ? "OK" : "FAILED");
       if (!(max_rel < 1e-4 && bad == 0 && sorted_ok)) return 1;
     }
-    const double t_score = GraphMedianMs(score, reps);
-    const double t_vote = GraphMedianMs([&](int) { TS_CUDA_CHECK(VoteFromLogits(vp, g_stream)); },
-                                        reps);
-    const double t_topk = GraphMedianMs([&](int) { TS_CUDA_CHECK(TopK(tp, g_stream)); }, reps);
-    const double t_all = GraphMedianMs(all, reps);
     const double key_bytes = double(n) * kRowBytes;
     const long long nk = static_cast<long long>(n >> 10);
     char what[96], note[64];
-    std::snprintf(what, sizeof(what), "select N=%lldK score only", nk);
-    rows.push_back({what, t_score, key_bytes / t_score / 1e6, ""});
-    std::snprintf(what, sizeof(what), "select N=%lldK vote only", nk);
-    std::snprintf(note, sizeof(note), "GB/s: logits read + vote written");
-    rows.push_back({what, t_vote, n * (kHeads * 4.0 + 4.0) / t_vote / 1e6, note});
-    std::snprintf(what, sizeof(what), "select N=%lldK top2048 only", nk);
-    rows.push_back({what, t_topk, 0.0, ""});
-    std::snprintf(what, sizeof(what), "select N=%lldK score+vote+top2048", nk);
-    rows.push_back({what, t_all, key_bytes / t_all / 1e6, ""});
-    if (step_parts) {
+    if (!step_only) {
+      const double t_score = GraphMedianMs(score, reps);
+      const double t_vote = GraphMedianMs(
+          [&](int) { TS_CUDA_CHECK(VoteFromLogits(vp, g_stream)); }, reps);
+      const double t_topk = GraphMedianMs([&](int) { TS_CUDA_CHECK(TopK(tp, g_stream)); }, reps);
+      const double t_all = GraphMedianMs(all, reps);
+      std::snprintf(what, sizeof(what), "select N=%lldK score only", nk);
+      rows.push_back({what, t_score, key_bytes / t_score / 1e6, ""});
+      std::snprintf(what, sizeof(what), "select N=%lldK vote only", nk);
+      std::snprintf(note, sizeof(note), "GB/s: logits read + vote written");
+      rows.push_back({what, t_vote, n * (kHeads * 4.0 + 4.0) / t_vote / 1e6, note});
+      std::snprintf(what, sizeof(what), "select N=%lldK top2048 only", nk);
+      rows.push_back({what, t_topk, 0.0, ""});
+      std::snprintf(what, sizeof(what), "select N=%lldK score+vote+top2048", nk);
+      rows.push_back({what, t_all, key_bytes / t_all / 1e6, ""});
+    }
+    if (step_parts && !step_only) {
       vote_histogram = false;
       const double t_plain = GraphMedianMs(all, reps);
       vote_histogram = true;
@@ -439,8 +467,9 @@ int Main(int argc, char** argv) {
       };
       auto step = [&](int rep) { step_upto(rep, 5, true); };
       cp.theta = 2.0f;  // never hits: the full selection every step
+      if (sustain_s > 0.0) bench::Sustain(g_stream, step, sustain_s);
       const double t_miss = GraphMedianMs(step, reps);
-      if (step_parts) {
+      if (step_parts && !step_only) {
         const char* names[] = {"", "check", "check+score", "check+score+vote",
                                "check+score+vote+topk"};
         for (int parts = 2; parts <= 4; ++parts) {
@@ -470,9 +499,15 @@ int Main(int argc, char** argv) {
                   miss_flag, hit_flag, miss_flag == 0 && hit_flag == 1 ? "OK" : "FAILED");
       if (!(miss_flag == 0 && hit_flag == 1)) return 1;
       const double step_bytes = key_bytes + 2.0 * step_n * kRowBytes;
+      if (sustain_s > 0.0) {
+        std::snprintf(note, sizeof(note), "keys + sparse K/V, after %.0f s of it", sustain_s);
+      } else {
+        std::snprintf(note, sizeof(note), "keys + sparse K/V");
+      }
       rows.push_back({"decode step N=1M miss (check+select+sparse)", t_miss,
-                      step_bytes / t_miss / 1e6, "keys + sparse K/V"});
+                      step_bytes / t_miss / 1e6, note});
       rows.push_back({"decode step N=1M hit (check+skip+sparse)", t_hit, 0.0, ""});
+      if (step_only) continue;
       // Contiguous slots instead of shuffled 16-slot pages.
       std::vector<int32_t> ident(static_cast<size_t>(n));
       std::iota(ident.begin(), ident.end(), 0);
@@ -573,6 +608,7 @@ int Main(int argc, char** argv) {
     rows.push_back({name, ms, 2.0 * n * kRowBytes / ms / 1e6, note});
     return true;
   };
+  if (step_only) return PrintRows(rows, copy_gbps, read_gbps);
   if (!decode_case("sparse decode 128+2048+512", 2688, true)) return 1;
   if (!decode_case("dense decode N=128K", 128 << 10, false)) return 1;
   if (!decode_case("dense decode N=512K", 512 << 10, false)) return 1;
@@ -594,20 +630,7 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n%-44s %10s %10s %8s %8s  %s\n", "case (Llama-3-8B shape, bf16)", "ms", "GB/s",
-              "%copy", "%read", "note");
-  for (const Row& r : rows) {
-    if (r.gbps > 0.0) {
-      std::printf("%-44s %10.4f %10.1f %7.1f%% %7.1f%%  %s\n", r.what.c_str(), r.ms, r.gbps,
-                  100.0 * r.gbps / copy_gbps, 100.0 * r.gbps / read_gbps, r.note.c_str());
-    } else {
-      std::printf("%-44s %10.4f %10s %8s %8s  %s\n", r.what.c_str(), r.ms, "-", "-", "-",
-                  r.note.c_str());
-    }
-  }
-  std::printf("GB/s: selection counts key bytes (N * 2 KiB); decode counts K + V bytes; copy "
-              "counts read + write; %%read is against the read-only kernel.\n");
-  return 0;
+  return PrintRows(rows, copy_gbps, read_gbps);
 }
 
 }  // namespace

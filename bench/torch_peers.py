@@ -17,8 +17,9 @@ With --ours LOG (bench_kernels_cuda's output of the same device call) it also pr
 issue-6 target checks: each ratio from rows of this one run.
 --sustain=S runs each dense SDPA case on its own for S seconds before timing it (its sustained
 power and clock state; pair it with bench_kernels_cuda --sustain=S, which does the same for
-ours); --dense-only times only the dense SDPA rows.
-Usage: python3 bench/torch_peers.py [--quick] [--sustain=S] [--dense-only] [--ours LOG]
+ours); --dense-only times only the dense SDPA rows; --step-only only the 1M one, the decode step's
+peer (pair it with bench_kernels_cuda --step-only: two fresh short processes, the same power state).
+Usage: python3 bench/torch_peers.py [--quick] [--sustain=S] [--dense-only | --step-only] [--ours LOG]
 """
 import re
 import sys
@@ -32,7 +33,8 @@ import torch_timing
 H, HKV, D = 32, 8, 128
 QUICK = "--quick" in sys.argv
 REPS = 10 if QUICK else 50
-DENSE_ONLY = "--dense-only" in sys.argv
+STEP_ONLY = "--step-only" in sys.argv
+DENSE_ONLY = "--dense-only" in sys.argv or STEP_ONLY
 SUSTAIN_S = next((float(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--sustain=")), 0.0)
 
 
@@ -133,7 +135,7 @@ def main():
             ms = median_ms(sparse, reps=REPS * 4)
             rows.append(("torch sparse 2688 gather+sdpa", ms, 2 * 2688 * HKV * D * 2 / ms / 1e6))
             peers["sparse"] = ms
-        for n in (128 << 10, 512 << 10, 1 << 20):
+        for n in (1 << 20,) if STEP_ONLY else (128 << 10, 512 << 10, 1 << 20):
             sets = max(1, min(8, big // n))
             ks = [keys[s * n:(s + 1) * n].permute(1, 0, 2).unsqueeze(0).contiguous() for s in range(sets)]
             vs = [vals[s * n:(s + 1) * n].permute(1, 0, 2).unsqueeze(0).contiguous() for s in range(sets)]
@@ -166,16 +168,16 @@ def main():
             return ours[name]
 
         print("\nIssue-6 targets (ours from bench_kernels_cuda, peers from this run):")
-        for n in (128 << 10, 512 << 10, 1 << 20):
+        for n in () if STEP_ONLY else (128 << 10, 512 << 10, 1 << 20):
             ms, _ = get("dense decode N=" + ("1M" if n == 1 << 20 else f"{n >> 10}K"))
             if ms:
                 pct = 100.0 * peers[("dense", n)] / ms
                 print(f"  1. dense decode N={n >> 10}K: ours {ms:.4f} ms, cuDNN SDPA "
                       f"{peers[('dense', n)]:.4f} ms -> {pct:.1f}% of SDPA speed "
                       f"(target >= 85%: {'met' if pct >= 85.0 else 'MISSED'})")
-        if DENSE_ONLY:
+        if DENSE_ONLY and not STEP_ONLY:
             return
-        for n in (32 << 10, 128 << 10, 512 << 10, 1 << 20):
+        for n in () if STEP_ONLY else (32 << 10, 128 << 10, 512 << 10, 1 << 20):
             ms, pct_read = get(f"select N={n >> 10}K score+vote+top2048")
             if ms:
                 fair, bf16 = peers[("fp32 softmax", n)], peers[("bf16 softmax", n)]
