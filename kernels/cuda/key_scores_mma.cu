@@ -35,6 +35,13 @@
 // tiles ahead instead of one, the same bytes in flight per warp as bf16: 0.389 ms at 1M keys
 // against 0.327 ms. It needs 107 registers, so 2 blocks per multiprocessor instead of 3 (80
 // registers); more warps beat more bytes per warp here.
+//
+// Tried for bf16 (twenty-sixth session, docs/performance.md): a producer warp bringing each
+// tile's 2 KiB token rows in by bulk copies (cp.async.bulk on full / empty mbarriers, 3-6 tiles
+// of 32 KiB in flight per block, no block barrier) for 8 consumer warps: correct, but 0.549-0.568
+// ms at 1M against 0.545 ms for the ring below. What this kernel loses against the read ceiling
+// is the logit stores: without them (timing only) it reads the keys at 97-98% of the ceiling in
+// 0.49 ms; 16-bit logits, another layout or bulk stores cost as much as these.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
