@@ -16,7 +16,9 @@
 // sub-directory per preset.
 // Greedy agreement is printed for all three (see docs/gpu.md for what these models allow). At a
 // continuation's first difference the test prints our logit of our token minus our logit of
-// transformers' token, against the logits' RMS: how near a tie the flip was.
+// transformers' token, against the logits' RMS: how near a tie the flip was; for the quiet and
+// the trained checkpoints every such gap must be a near-tie (at most 5% of the RMS), for the
+// kScaled presets at most half the RMS.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -51,6 +53,9 @@ bool Exists(const std::string& path) { return std::ifstream(path).good(); }
 struct Summary {
   double worst = 0, median = 0;
   int same_greedy = 0, prompts = 0;
+  // Over the continuations that differ: the largest gap at the first difference (our logit of
+  // our token minus our logit of transformers' token) as a fraction of the logits' RMS.
+  double worst_flip = 0;
 };
 
 // Runs every preset and prompt of `golden_dir` on the GPU. Checkpoints come from
@@ -125,6 +130,7 @@ Summary Compare(const std::string& golden_dir, DummyInit init) {
       if (greedy != want) {
         std::printf("; our top logit %.4g above transformers' pick, logits RMS %.4g", flip_gap,
                     flip_rms);
+        summary.worst_flip = std::max(summary.worst_flip, flip_gap / flip_rms);
       }
       if (prompt.contains("greedy_min_gap")) {
         std::printf("; transformers' smallest top-2 gap %.3g",
@@ -143,8 +149,9 @@ Summary Compare(const std::string& golden_dir, DummyInit init) {
 
 void Print(const std::string& what, const Summary& s) {
   std::printf("GPU vs transformers fp32, %s: logits rel L2 median %.3g worst %.3g; identical "
-              "greedy continuations %d of %d\n",
-              what.c_str(), s.median, s.worst, s.same_greedy, s.prompts);
+              "greedy continuations %d of %d; largest gap at a first difference %.3g of the "
+              "logits' RMS\n",
+              what.c_str(), s.median, s.worst, s.same_greedy, s.prompts, s.worst_flip);
 }
 
 TEST(GpuHfParityTest, CommittedGoldensScaledPresets) {
@@ -154,6 +161,10 @@ TEST(GpuHfParityTest, CommittedGoldensScaledPresets) {
   // broken forward pass (which lands at O(1)).
   EXPECT_LE(s.median, 0.1);
   EXPECT_LE(s.worst, 0.3);
+  // Their continuations part at gaps of the same order as those errors (twenty-sixth session,
+  // H200: at most 0.21 of the logits' RMS, with logits rel L2 up to 0.12); a wrong forward pass
+  // parts at gaps of a few RMS.
+  EXPECT_LE(s.worst_flip, 0.5);
 }
 
 TEST(GpuHfParityTest, QuietCheckpoints) {
@@ -162,6 +173,12 @@ TEST(GpuHfParityTest, QuietCheckpoints) {
   const Summary s = Compare(dir, DummyInit::kHuggingFace);
   Print(dir, s);
   EXPECT_LE(s.worst, 2e-2);
+  // These nearly flat distributions keep the issue's >= 95% identical continuations out of
+  // reach (the file comment); what is asserted instead: every continuation that differs parts
+  // at a near-tie, where our top logit is within 5% of the logits' RMS of transformers' pick
+  // (twenty-fifth session, H100 and H200: at most 1.8%; the bf16 error per logit is ~0.7% of
+  // the RMS). A wrong forward pass parts at gaps of the RMS's order.
+  EXPECT_LE(s.worst_flip, 0.05);
 }
 
 TEST(GpuHfParityTest, TrainedCheckpoint) {
@@ -170,6 +187,7 @@ TEST(GpuHfParityTest, TrainedCheckpoint) {
   EXPECT_EQ(s.prompts, 40);
   EXPECT_LE(s.worst, 2e-2);
   EXPECT_GE(s.same_greedy * 100, s.prompts * 95);
+  EXPECT_LE(s.worst_flip, 0.05);  // as for the quiet checkpoints, should any differ
 }
 
 }  // namespace
