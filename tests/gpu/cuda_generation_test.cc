@@ -8,10 +8,12 @@
 // Greedy continuations: the issue asks for identical 32-token continuations on >= 95% of prompts.
 // These N(0, 0.02) models have nearly flat next-token distributions, so the top-2 logit gap is
 // often below the remaining kernel rounding (bf16 probabilities in the attention kernels): on an
-// H200 dense and streaming agree on 16-20 of 20 prompts per preset and TokenSelect on 10 of 20
+// H200 dense and streaming agree on 15-20 of 20 prompts per preset and TokenSelect on 10 of 20
 // (a flipped near-tie in a vote changes a pick, and a pick changes the attention set), with the
 // failing prompts changing from run to run (noise, not a fixed fault). The assertions below are
-// regression floors under those measurements, not the 95% target, which these random models miss.
+// regression floors under those measurements, not the 95% target, which these random models miss,
+// and that every continuation parts at a near-tie of the CPU's own logits (its pick at most 0.02
+// above the GPU's pick there for dense and streaming, 0.1 where a vote picks the attended set).
 // TokenSelect runs only on the presets whose head_dim the GPU scoring kernels take (64/128); the
 // others must refuse it with Unimplemented.
 //
@@ -157,13 +159,39 @@ GenerationOptions GreedyOptions(SelectionPolicyKind policy) {
   return options;
 }
 
-// True when the two continuations of prompt `i` agree; otherwise prints where they part.
-bool SameContinuation(const GenerationResult& got, const GenerationResult& want, int i,
-                      size_t prompt_tokens) {
-  if (got.token_ids == want.token_ids) return true;
-  std::printf("  prompt %d (%zu tokens): first difference at generated token %zu\n", i,
-              prompt_tokens, gpu_test::FirstDifference(got.token_ids, want.token_ids));
-  return false;
+// How the GPU's continuation `got` of `prompt` (prompt number i) compares with the CPU's `want`:
+// whether they agree and, where they part, how near a tie the CPU's own distribution had there:
+// its logprob of its pick minus its logprob of the GPU's pick (a logit difference), from a rerun
+// of the CPU with logprobs (+inf when the GPU's pick is not among the CPU's 20 likeliest, or the
+// rerun does not reproduce `want`). Prints where they part.
+struct Agreement {
+  bool same = true;
+  double gap = 0;
+};
+Agreement CompareContinuations(Generator* cpu_gen, const std::vector<int32_t>& prompt,
+                               const GenerationOptions& options, const GenerationResult& got,
+                               const GenerationResult& want, int i) {
+  Agreement a;
+  if (got.token_ids == want.token_ids) return a;
+  a.same = false;
+  a.gap = INFINITY;
+  const size_t d = gpu_test::FirstDifference(got.token_ids, want.token_ids);
+  GenerationOptions with_logprobs = options;
+  with_logprobs.sampling.logprobs = true;
+  with_logprobs.sampling.top_logprobs = 20;
+  std::vector<GeneratedToken> steps;
+  auto again = cpu_gen->Generate(prompt, with_logprobs,
+                                 [&](const GeneratedToken& t) { steps.push_back(t); });
+  if (again.ok() && again->token_ids == want.token_ids && d < steps.size() &&
+      d < got.token_ids.size() && steps[d].logprob.has_value()) {
+    for (const TokenLogprob& alt : steps[d].top_logprobs) {
+      if (alt.token_id == got.token_ids[d]) a.gap = double(*steps[d].logprob) - alt.logprob;
+    }
+  }
+  std::printf("  prompt %d (%zu tokens): first difference at generated token %zu, where the "
+              "CPU's pick is %.3g above the GPU's in the CPU's logits\n",
+              i, prompt.size(), d, a.gap);
+  return a;
 }
 
 // Free-running greedy generation through Generator on both backends.
@@ -178,6 +206,7 @@ TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
                         policy == SelectionPolicyKind::kQuest;
     if (scores && !GpuScores(config_)) continue;
     int same = 0, total = 0;
+    double worst_gap = 0;
     int64_t hits = 0, lookups = 0, cache_decision_diffs = 0;
     for (int i = 0; i < 20; ++i) {
       const std::vector<int32_t> prompt = Prompt(40 + 23 * i, 1000 + i, config_.vocab_size);
@@ -186,7 +215,10 @@ TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
       auto got = gpu_gen.Generate(prompt, options, nullptr);
       ASSERT_TRUE(got.ok()) << got.status();
       ++total;
-      same += SameContinuation(*got, *want, i, prompt.size());
+      const Agreement agreement =
+          CompareContinuations(&cpu_gen, prompt, options, *got, *want, i);
+      same += agreement.same;
+      worst_gap = std::max(worst_gap, agreement.gap);
       EXPECT_EQ(got->stats.generated_tokens, 32);
       hits += got->stats.cache.hits;
       lookups += got->stats.cache.lookups();
@@ -197,11 +229,19 @@ TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
         EXPECT_EQ(got->stats.cache.lookups(), want->stats.cache.lookups()) << "prompt " << i;
       }
     }
-    std::printf("%s %s: identical greedy continuations on %d of %d prompts; GPU selection cache "
-                "%lld hits of %lld lookups (%lld decisions differ from the CPU's)\n",
+    std::printf("%s %s: identical greedy continuations on %d of %d prompts (largest CPU logit "
+                "gap where they part %.3g); GPU selection cache %lld hits of %lld lookups (%lld "
+                "decisions differ from the CPU's)\n",
                 GetParam().c_str(), std::string(PolicyName(policy)).c_str(), same, total,
-                static_cast<long long>(hits), static_cast<long long>(lookups),
+                worst_gap, static_cast<long long>(hits), static_cast<long long>(lookups),
                 static_cast<long long>(cache_decision_diffs));
+    // Where they part, the CPU's own top two must be near a tie: the logits' RMS is ~0.3 with
+    // this init (gpu_hf_parity_test prints 0.31-0.32 for golden_hf, the same N(0, 0.02)), and a
+    // wrong GPU pick (not rounding) sits about that far or more below the CPU's. H200,
+    // twenty-sixth session: dense and streaming part at gaps of at most 0.0032, TokenSelect
+    // 0.0044, Quest 0.036 (a vote's near-tie changes the attended set, which moves the logits
+    // further than rounding does).
+    EXPECT_LE(worst_gap, scores ? 0.1 : 0.02) << PolicyName(policy);
     EXPECT_LE(cache_decision_diffs * 100, std::max<int64_t>(1, lookups)) << "cache decisions";
     const int floor_percent = scores ? 35 : 70;
     EXPECT_GE(same * 100, total * floor_percent) << PolicyName(policy);
@@ -351,7 +391,7 @@ TEST(CudaGenerationTrainedTest, TrainedCheckpointGreedyMatchesTheCpu) {
       ASSERT_TRUE(want.ok()) << want.status();
       auto got = gpu_gen.Generate(entry.ids, gen, nullptr);
       ASSERT_TRUE(got.ok()) << got.status();
-      same += SameContinuation(*got, *want, total++, entry.ids.size());
+      same += CompareContinuations(&cpu_gen, entry.ids, gen, *got, *want, total++).same;
     }
     std::printf("llama-topics (trained) %s: identical greedy continuations on %d of %d prompts\n",
                 std::string(PolicyName(policy)).c_str(), same, total);
