@@ -34,7 +34,9 @@
 // 95% bound on continuations is asserted where it means something: on the trained checkpoint,
 // and (all of them) with TP-invariant numerics. On the random-weight presets with default
 // numerics the assertion is a regression floor under those measurements (70%; 50% for
-// TokenSelect and Quest, where a flipped vote also changes the attended tokens).
+// TokenSelect and Quest, where a flipped vote also changes the attended tokens), and every run
+// that parts from one GPU's must part at a near-tie of one GPU's logits (its pick at most 0.02
+// above TP's pick there; 0.1 for TokenSelect and Quest).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -406,6 +408,7 @@ TEST_P(TpModelTest, GreedyContinuationsMatchOneGpuAndRanksSelectAlike) {
     int64_t mismatched_lists = 0, lists = 0, hits = 0, lookups = 0;
     std::vector<float> gaps;  // the 1-GPU top-1/top-2 gap of every step
     std::vector<std::string> differences;
+    float worst_flip = 0;  // the largest 1-GPU gap between the two tokens where runs part
     const std::vector<std::vector<int32_t>> prompts = GreedyPrompts();
     for (int i = 0; i < static_cast<int>(prompts.size()); ++i) {
       const std::vector<int32_t>& prompt = prompts[i];
@@ -431,9 +434,13 @@ TEST_P(TpModelTest, GreedyContinuationsMatchOneGpuAndRanksSelectAlike) {
           for (size_t v = 0; v < a.size() && v < b.size(); ++v) {
             worst = std::max(worst, std::fabs(a[v] - b[v]));
           }
+          const float flip = a[want.tokens[first]] - a[got.tokens[first]];
+          worst_flip = std::max(worst_flip, flip);
           line += absl::StrFormat(
               ", 1-GPU gap between the two tokens %.4f, largest logit difference of the step %.4f",
-              a[want.tokens[first]] - a[got.tokens[first]], worst);
+              flip, worst);
+        } else {
+          worst_flip = INFINITY;
         }
         differences.push_back(line);
       }
@@ -463,6 +470,11 @@ TEST_P(TpModelTest, GreedyContinuationsMatchOneGpuAndRanksSelectAlike) {
     EXPECT_GE(total, Trained() ? 30 : 20);
     EXPECT_GE(same * 100, total * percent)
         << PolicyName(policy) << ": identical on " << same << " of " << total;
+    // Every run that parts from one GPU's must part at a near-tie of one GPU's logits (as in
+    // gpu_cuda_generation_test against the CPU; logits RMS ~0.3): twenty-sixth session, 2 x H200,
+    // default numerics, at most 0.0010 for dense, 0.0017 streaming, 0.0047 TokenSelect and
+    // 0.041 Quest, whose vote near-ties change the attended set.
+    EXPECT_LE(worst_flip, scores ? 0.1f : 0.02f) << PolicyName(policy);
     std::printf(
         "%s TP=%d %s: identical greedy continuations on %d of %d prompts; attention "
         "lists differing between ranks: %lld of %lld; selection cache %lld hits of %lld "
