@@ -1,6 +1,6 @@
 // Read-pattern study for the key-reading kernels (selection scoring, decode attention), which
 // stop at 3.4-3.6 TB/s on an H200 while a plain streaming read reaches ~4.5 TB/s
-// (docs/performance.md). The KV cache stores a token's keys as one 2 KiB row
+// (docs/kernel_tuning_log.md). The KV cache stores a token's keys as one 2 KiB row
 // [num_kv_heads = 8][head_dim = 128] bf16; the kernels give each block one KV head, so a block
 // reads 256-byte pieces 2 KiB apart. This bench times pure reads (a checksum, so nothing is
 // optimised away) of 1M such rows in four patterns:

@@ -36,7 +36,7 @@
 // against 0.327 ms. It needs 107 registers, so 2 blocks per multiprocessor instead of 3 (80
 // registers); more warps beat more bytes per warp here.
 //
-// Tried for bf16 (twenty-sixth session, docs/performance.md): a producer warp bringing each
+// Tried for bf16 (twenty-sixth session, docs/kernel_tuning_log.md): a producer warp bringing each
 // tile's 2 KiB token rows in by bulk copies (cp.async.bulk on full / empty mbarriers, 3-6 tiles
 // of 32 KiB in flight per block, no block barrier) for 8 consumer warps: correct, but 0.549-0.568
 // ms at 1M against 0.545 ms for the ring below. What this kernel loses against the read ceiling
@@ -129,7 +129,7 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // 0.3158-0.3163 at 512K against 0.3148-0.3150 for two (same call). Copies that bypass L1 were
 // slower on an H200 whatever their shape: the per-lane copies as .cg 0.565 against 0.288 ms at
 // 512K (eighteenth session), these coalesced ones as .cg 0.330-0.332, per-warp bulk copies
-// (cp.async.bulk, an mbarrier per stage) 0.337-0.357 (nineteenth, docs/performance.md). An L2
+// (cp.async.bulk, an mbarrier per stage) 0.337-0.357 (nineteenth, docs/kernel_tuning_log.md). An L2
 // prefetch-size hint: .L2::128B the same, .L2::256B slower (0.302 ms).
 // The ring against keys in registers (eighteenth session, same binary): 512K scoring 0.2881 /
 // 0.2880 against 0.2897 / 0.2900 ms, 1M 0.5596 / 0.5597 against 0.5622 / 0.5622. FP8 keys keep
