@@ -52,6 +52,23 @@ CudaModelOptions GpuOptions(int64_t max_tokens, KvCacheDType dtype) {
   return o;
 }
 
+// `count` greedy tokens of `model` after `prompt`, from a reset sequence; a failing step fails
+// the test and ends the continuation there.
+std::vector<int32_t> GreedyContinuation(CudaModel* model, const std::vector<int32_t>& prompt,
+                                        int count) {
+  std::vector<int32_t> out;
+  std::vector<float> unused;
+  model->Reset();
+  for (int i = 0; i < count; ++i) {
+    const absl::Status st =
+        model->Forward(i == 0 ? prompt : std::vector<int32_t>{out.back()}, &unused);
+    EXPECT_TRUE(st.ok()) << "step " << i << ": " << st;
+    if (!st.ok()) break;
+    out.push_back(model->GreedyToken().value());
+  }
+  return out;
+}
+
 class Fp8ModelTest : public ::testing::TestWithParam<std::string> {
  protected:
   ModelConfig Config() const {
@@ -165,26 +182,16 @@ TEST_P(Fp8ModelTest, TracksTheCpuFp8OracleAndReportsGreedyAgainstBf16) {
   // Greedy continuations: FP8 against bf16 KV on the GPU, same prompt.
   auto bf16 = CudaModel::Create(config, weights, GpuOptions(256, KvCacheDType::kBF16));
   ASSERT_TRUE(bf16.ok()) << bf16.status();
-  (*gpu)->Reset();
   std::vector<int32_t> prompt(60);
   for (int32_t& t : prompt) t = any_token(rng);
-  std::vector<int32_t> out8 = prompt, out16 = prompt;
   constexpr int kNew = 64;
-  int first_diff = kNew;
-  for (int i = 0; i < kNew; ++i) {
-    std::vector<float> unused;
-    const absl::Status fp8_step =
-        (*gpu)->Forward(i == 0 ? prompt : std::vector<int32_t>{out8.back()}, &unused);
-    ASSERT_TRUE(fp8_step.ok()) << "step " << i << ": " << fp8_step;
-    const absl::Status bf16_step =
-        (*bf16)->Forward(i == 0 ? prompt : std::vector<int32_t>{out16.back()}, &unused);
-    ASSERT_TRUE(bf16_step.ok()) << "step " << i << ": " << bf16_step;
-    out8.push_back((*gpu)->GreedyToken().value());
-    out16.push_back((*bf16)->GreedyToken().value());
-    if (first_diff == kNew && out8.back() != out16.back()) first_diff = i;
-  }
+  const std::vector<int32_t> out8 = GreedyContinuation(gpu->get(), prompt, kNew);
+  const std::vector<int32_t> out16 = GreedyContinuation(bf16->get(), prompt, kNew);
+  ASSERT_EQ(out8.size(), size_t{kNew});
+  ASSERT_EQ(out16.size(), size_t{kNew});
+  const int first_diff = static_cast<int>(gpu_test::FirstDifference(out8, out16));
   int same = 0;
-  for (int i = 0; i < kNew; ++i) same += out8[prompt.size() + i] == out16[prompt.size() + i];
+  for (int i = 0; i < kNew; ++i) same += out8[i] == out16[i];
   std::printf(
       "%s greedy, FP8 vs bf16 KV: first %d of %d new tokens identical (%d positions "
       "equal overall)\n",
@@ -206,23 +213,10 @@ TEST(Fp8TrainedTest, GreedyContinuationsOnTheTrainedCheckpoint) {
   auto bf16 = CudaModel::Create(trained->config, trained->weights,
                                 GpuOptions(1024 + 64, KvCacheDType::kBF16));
   ASSERT_TRUE(bf16.ok()) << bf16.status();
-  auto continue_greedy = [](CudaModel* model, const std::vector<int32_t>& prompt) {
-    std::vector<int32_t> out;
-    std::vector<float> unused;
-    model->Reset();
-    for (int i = 0; i < 32; ++i) {
-      const absl::Status st =
-          model->Forward(i == 0 ? prompt : std::vector<int32_t>{out.back()}, &unused);
-      EXPECT_TRUE(st.ok()) << st;
-      if (!st.ok()) break;
-      out.push_back(model->GreedyToken().value());
-    }
-    return out;
-  };
   int same = 0, fp8_hf = 0, bf16_hf = 0, total = 0;
   for (const gpu_test::TrainedPrompt& p : *prompts) {
-    const std::vector<int32_t> a = continue_greedy(fp8->get(), p.ids);
-    const std::vector<int32_t> b = continue_greedy(bf16->get(), p.ids);
+    const std::vector<int32_t> a = GreedyContinuation(fp8->get(), p.ids, 32);
+    const std::vector<int32_t> b = GreedyContinuation(bf16->get(), p.ids, 32);
     ++total;
     same += a == b;
     fp8_hf += a == p.greedy;
