@@ -246,6 +246,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  if (step_only) step_parts = false;  // the step alone: no parts, no A/B rows
   const int reps = quick ? 10 : 50;
   cudaDeviceProp prop;
   TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -429,7 +430,7 @@ int Main(int argc, char** argv) {
       std::snprintf(what, sizeof(what), "select N=%lldK score+vote+top2048", nk);
       rows.push_back({what, t_all, key_bytes / t_all / 1e6, ""});
     }
-    if (step_parts && !step_only) {
+    if (step_parts) {
       vote_histogram = false;
       const double t_plain = GraphMedianMs(all, reps);
       vote_histogram = true;
@@ -469,7 +470,7 @@ int Main(int argc, char** argv) {
       cp.theta = 2.0f;  // never hits: the full selection every step
       if (sustain_s > 0.0) bench::Sustain(g_stream, step, sustain_s);
       const double t_miss = GraphMedianMs(step, reps);
-      if (step_parts && !step_only) {
+      if (step_parts) {
         const char* names[] = {"", "check", "check+score", "check+score+vote",
                                "check+score+vote+topk"};
         for (int parts = 2; parts <= 4; ++parts) {
