@@ -8,7 +8,9 @@
 //   head-slice  block (range, head) reads only its head's 256 B of each row (the kernels' pattern)
 //   rows-paged  whole rows through a scrambled slot list (pages of 16 tokens)
 //   slice-paged the kernels' real pattern: head slices through the scrambled slot list
-// and prints GB/s against a device-to-device copy measured in the same run.
+// and prints GB/s against a device-to-device copy measured in the same run. A second table
+// mixes writes into the rows' read stream at 1/16 .. 1/1024 of its bytes (the scoring kernel
+// writes 1/16: its fp32 logits) and prints the time they add next to writing them alone.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -59,6 +61,33 @@ __global__ void ReadSlices(const uint4* __restrict__ data, const int32_t* __rest
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
+// ReadRows (no slot list) that also writes: each thread stores one 16-byte word per 2^write_shift
+// words it reads, a warp's 32 stores one contiguous 512-byte run, into the block's own region of
+// `wout`. write_shift 4 is the scoring kernel's ratio (fp32 logits of 32 heads, 128 bytes, per
+// 2 KiB token row of keys); a negative write_shift writes nothing (and keeps the loads by
+// `out`, as ReadRows does).
+__global__ void ReadRowsWriting(const uint4* __restrict__ data, int64_t tokens_per_block,
+                                int write_shift, uint4* __restrict__ wout, unsigned* out) {
+  constexpr int kWords = kRowBytes / 16;
+  const int64_t words = tokens_per_block * kWords;
+  const uint4* in = data + blockIdx.x * words;
+  const bool writes = write_shift >= 0;
+  const int shift = writes ? write_shift : 0;
+  uint4* w = wout + ((blockIdx.x * words) >> shift);
+  const unsigned mask = (1u << shift) - 1;
+  unsigned acc = 0;
+  unsigned n = 0;
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) {
+    const uint4 v = in[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    if (writes && (++n & mask) == 0) {
+      w[static_cast<int64_t>((n >> shift) - 1) * blockDim.x + threadIdx.x] =
+          make_uint4(acc, acc, acc, acc);
+    }
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
 // Median of 20 timed runs after 5 warm-ups, each waited for (default stream).
 float MedianMs(const std::function<void()>& fn) {
   return static_cast<float>(
@@ -102,10 +131,42 @@ int Main() {
         }
       });
       TS_CUDA_CHECK(cudaGetLastError());
-      const double gbs = bytes / (ms * 1e-3) / 1e9;
+      // The bytes read: the block count need not divide the rows (up to 0.1% are left out).
+      const double read_bytes = static_cast<double>(blocks) *
+                                (c.slice ? slice_tokens * kSliceBytes : row_tokens * kRowBytes);
+      const double gbs = read_bytes / (ms * 1e-3) / 1e9;
       std::printf("%-12s %-10lld %10.3f %10.0f %7.1f%%\n", c.name, static_cast<long long>(blocks),
                   ms, gbs, 100.0 * gbs / copy_gbs);
     }
+  }
+
+  // What a write stream mixed into a full-rate read stream costs, against its bytes: the rows
+  // read at 8 blocks per SM, with one byte written per 2^shift read. "extra us" is the time over
+  // the reads alone; "memset us" the same bytes written alone by cudaMemset, for scale.
+  const int64_t blocks = static_cast<int64_t>(sms) * 8;
+  const int64_t row_tokens = kTokens / blocks;
+  const size_t read_bytes = static_cast<size_t>(blocks * row_tokens) * kRowBytes;
+  const auto read_writing = [&](int shift) {
+    return MedianMs([&] {
+      ReadRowsWriting<<<static_cast<unsigned>(blocks), kThreads>>>(
+          reinterpret_cast<const uint4*>(data.get()), row_tokens, shift,
+          reinterpret_cast<uint4*>(copy.get()), out.get());
+    });
+  };
+  const float reads_ms = read_writing(-1);  // no writes
+  TS_CUDA_CHECK(cudaGetLastError());
+  std::printf("\nrows read with writes mixed in (%lld blocks): reads alone %.4f ms = %.0f GB/s\n",
+              static_cast<long long>(blocks), reads_ms, read_bytes / (reads_ms * 1e-3) / 1e9);
+  std::printf("%-14s %10s %10s %10s %12s %12s\n", "written/read", "MiB", "ms", "extra us",
+              "memset us", "extra/memset");
+  for (int shift : {4, 5, 6, 7, 8, 10}) {
+    const size_t wbytes = read_bytes >> shift;
+    const float ms = read_writing(shift);
+    TS_CUDA_CHECK(cudaGetLastError());
+    const float set_ms = MedianMs([&] { TS_CUDA_CHECK(cudaMemset(copy.get(), 1, wbytes)); });
+    const double extra_us = (ms - reads_ms) * 1e3;
+    std::printf("1/%-12d %10.1f %10.4f %10.1f %12.1f %12.2f\n", 1 << shift,
+                wbytes / 1048576.0, ms, extra_us, set_ms * 1e3, extra_us / (set_ms * 1e3));
   }
   return 0;
 }
