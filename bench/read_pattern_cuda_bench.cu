@@ -10,7 +10,8 @@
 //   slice-paged the kernels' real pattern: head slices through the scrambled slot list
 // and prints GB/s against a device-to-device copy measured in the same run. A second table
 // mixes writes into the rows' read stream at 1/16 .. 1/1024 of its bytes (the scoring kernel
-// writes 1/16: its fp32 logits) and prints the time they add next to writing them alone.
+// writes 1/16: its fp32 logits), in block bursts and in warp runs, and prints the time they add
+// next to writing them alone.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -61,29 +62,46 @@ __global__ void ReadSlices(const uint4* __restrict__ data, const int32_t* __rest
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
-// ReadRows (no slot list) that also writes: each thread stores one 16-byte word per 2^write_shift
-// words it reads, a warp's 32 stores one contiguous 512-byte run, into the block's own region of
-// `wout`. write_shift 4 is the scoring kernel's ratio (fp32 logits of 32 heads, 128 bytes, per
-// 2 KiB token row of keys); a negative write_shift writes nothing (and keeps the loads by
-// `out`, as ReadRows does).
+// ReadRows (no slot list) that also writes 1 word per 2^kShift words the block reads, into the
+// block's own region of `wout`, in runs of kRun contiguous words (32: a warp's 512-byte store,
+// the block's warps taking the runs in turn; kThreads: every thread a word at once, a 4 KiB
+// burst per block): a run each time the block has read kRun << kShift words, and the words still
+// due at the end (fewer than a run) after the loop, so exactly 2^-kShift of the bytes read are
+// written, at any ratio. kShift 4 is the scoring kernel's ratio (fp32 logits of 32 heads, 128
+// bytes, per 2 KiB token row of keys; its warps store a 16-token tile's logits together, 2 KiB
+// per block per 32 KiB of keys); kShift -1 writes nothing. Compile-time ratios and runs keep the
+// loop as lean as ReadRows'. Launch with kThreads threads.
+template <int kShift, int kRun>
 __global__ void ReadRowsWriting(const uint4* __restrict__ data, int64_t tokens_per_block,
-                                int write_shift, uint4* __restrict__ wout, unsigned* out) {
+                                uint4* __restrict__ wout, unsigned* out) {
+  constexpr bool kWrites = kShift >= 0;
+  constexpr int kRatio = kWrites ? kShift : 0;
+  static_assert(kThreads % kRun == 0 && (kRun << kRatio) >= kThreads);
   constexpr int kWords = kRowBytes / 16;
+  constexpr int kGroups = kThreads / kRun;  // a group of kRun threads stores a run
+  constexpr int kPassesPerRun = (kRun << kRatio) / kThreads;
   const int64_t words = tokens_per_block * kWords;
   const uint4* in = data + blockIdx.x * words;
-  const bool writes = write_shift >= 0;
-  const int shift = writes ? write_shift : 0;
-  uint4* w = wout + ((blockIdx.x * words) >> shift);
-  const unsigned mask = (1u << shift) - 1;
+  const int64_t due = kWrites ? words >> kRatio : 0;  // words to write
+  uint4* w = wout + blockIdx.x * due;
+  const int64_t runs = due / kRun;
   unsigned acc = 0;
-  unsigned n = 0;
-  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) {
+  int64_t i = threadIdx.x;
+  for (int64_t r = 0; r < runs; ++r) {
+    for (int p = 0; p < kPassesPerRun; ++p, i += kThreads) {
+      const uint4 v = in[i];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (r % kGroups == threadIdx.x / kRun) {
+      w[r * kRun + threadIdx.x % kRun] = make_uint4(acc, acc, acc, acc);
+    }
+  }
+  for (; i < words; i += kThreads) {
     const uint4 v = in[i];
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    if (writes && (++n & mask) == 0) {
-      w[static_cast<int64_t>((n >> shift) - 1) * blockDim.x + threadIdx.x] =
-          make_uint4(acc, acc, acc, acc);
-    }
+  }
+  for (int64_t j = runs * kRun + threadIdx.x; j < due; j += kThreads) {
+    w[j] = make_uint4(acc, acc, acc, acc);
   }
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
@@ -141,33 +159,39 @@ int Main() {
   }
 
   // What a write stream mixed into a full-rate read stream costs, against its bytes: the rows
-  // read at 8 blocks per SM, with one byte written per 2^shift read. "extra us" is the time over
-  // the reads alone; "memset us" the same bytes written alone by cudaMemset, for scale.
+  // read at 8 blocks per SM, with one byte written per 2^shift read, in 4 KiB block bursts or
+  // 512-byte warp runs. "+us" is the time over the reads alone; "memset us" the same bytes
+  // written alone by cudaMemset, for scale.
   const int64_t blocks = static_cast<int64_t>(sms) * 8;
   const int64_t row_tokens = kTokens / blocks;
   const size_t read_bytes = static_cast<size_t>(blocks * row_tokens) * kRowBytes;
-  const auto read_writing = [&](int shift) {
+  const auto time_writing = [&](auto kernel) {
     return MedianMs([&] {
-      ReadRowsWriting<<<static_cast<unsigned>(blocks), kThreads>>>(
-          reinterpret_cast<const uint4*>(data.get()), row_tokens, shift,
+      kernel<<<static_cast<unsigned>(blocks), kThreads>>>(
+          reinterpret_cast<const uint4*>(data.get()), row_tokens,
           reinterpret_cast<uint4*>(copy.get()), out.get());
     });
   };
-  const float reads_ms = read_writing(-1);  // no writes
+  const float reads_ms = time_writing(ReadRowsWriting<-1, kThreads>);  // no writes
   TS_CUDA_CHECK(cudaGetLastError());
   std::printf("\nrows read with writes mixed in (%lld blocks): reads alone %.4f ms = %.0f GB/s\n",
               static_cast<long long>(blocks), reads_ms, read_bytes / (reads_ms * 1e-3) / 1e9);
-  std::printf("%-14s %10s %10s %10s %12s %12s\n", "written/read", "MiB", "ms", "extra us",
-              "memset us", "extra/memset");
-  for (int shift : {4, 5, 6, 7, 8, 10}) {
-    const size_t wbytes = read_bytes >> shift;
-    const float ms = read_writing(shift);
+  std::printf("%-14s %8s %10s %12s %10s %12s %10s\n", "written/read", "MiB", "memset us",
+              "bursts ms", "+us", "warp runs ms", "+us");
+  const auto row = [&](int shift, float burst_ms, float runs_ms) {
     TS_CUDA_CHECK(cudaGetLastError());
+    const size_t wbytes = read_bytes >> shift;
     const float set_ms = MedianMs([&] { TS_CUDA_CHECK(cudaMemset(copy.get(), 1, wbytes)); });
-    const double extra_us = (ms - reads_ms) * 1e3;
-    std::printf("1/%-12d %10.1f %10.4f %10.1f %12.1f %12.2f\n", 1 << shift,
-                wbytes / 1048576.0, ms, extra_us, set_ms * 1e3, extra_us / (set_ms * 1e3));
-  }
+    std::printf("1/%-12d %8.1f %10.1f %12.4f %10.1f %12.4f %10.1f\n", 1 << shift,
+                wbytes / 1048576.0, set_ms * 1e3, burst_ms, (burst_ms - reads_ms) * 1e3, runs_ms,
+                (runs_ms - reads_ms) * 1e3);
+  };
+  row(4, time_writing(ReadRowsWriting<4, kThreads>), time_writing(ReadRowsWriting<4, 32>));
+  row(5, time_writing(ReadRowsWriting<5, kThreads>), time_writing(ReadRowsWriting<5, 32>));
+  row(6, time_writing(ReadRowsWriting<6, kThreads>), time_writing(ReadRowsWriting<6, 32>));
+  row(7, time_writing(ReadRowsWriting<7, kThreads>), time_writing(ReadRowsWriting<7, 32>));
+  row(8, time_writing(ReadRowsWriting<8, kThreads>), time_writing(ReadRowsWriting<8, 32>));
+  row(10, time_writing(ReadRowsWriting<10, kThreads>), time_writing(ReadRowsWriting<10, 32>));
   return 0;
 }
 
