@@ -35,6 +35,7 @@
 #include "engine/generation/cuda_backend.h"
 #include "engine/generation/demo_checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "tests/gpu/gpu_engine_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace tokenselect::engine {
@@ -121,8 +122,7 @@ Summary Compare(const std::string& golden_dir, DummyInit init) {
       }
       ++summary.prompts;
       summary.same_greedy += greedy == want;
-      size_t first = 0;
-      while (first < greedy.size() && first < want.size() && greedy[first] == want[first]) ++first;
+      const size_t first = gpu_test::FirstDifference(greedy, want);
       std::printf("  %s, %zu-token prompt: worst logits rel L2 so far %.3g; greedy %s (first "
                   "difference at %zu",
                   preset.c_str(), ids.size(), *std::max_element(rels.begin(), rels.end()),
