@@ -34,7 +34,11 @@ H, HKV, D = 32, 8, 128
 QUICK = "--quick" in sys.argv
 REPS = 10 if QUICK else 50
 STEP_ONLY = "--step-only" in sys.argv
-DENSE_ONLY = "--dense-only" in sys.argv or STEP_ONLY
+DENSE_ONLY = "--dense-only" in sys.argv and not STEP_ONLY  # --step-only wins
+# The sizes each kind of peer is timed at (--dense-only: no selection; --step-only: only the
+# decode step's peer, dense SDPA at 1M).
+SELECT_SIZES = () if DENSE_ONLY or STEP_ONLY else (32 << 10, 128 << 10, 512 << 10, 1 << 20)
+DENSE_SIZES = (1 << 20,) if STEP_ONLY else (128 << 10, 512 << 10, 1 << 20)
 SUSTAIN_S = next((float(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--sustain=")), 0.0)
 
 
@@ -96,7 +100,7 @@ def main():
     q = (torch.randn(H, D, device=dev, generator=gen) * (3.0 / D ** 0.5)).to(torch.bfloat16)
     qg = q.view(HKV, H // HKV, D)
 
-    for n in () if DENSE_ONLY else (32 << 10, 128 << 10, 512 << 10, 1 << 20):
+    for n in SELECT_SIZES:
         sets = max(1, min(8, big // n))
         views = [keys[s * n:(s + 1) * n] for s in range(sets)]
 
@@ -131,11 +135,11 @@ def main():
             v = vals.index_select(0, idx).permute(1, 0, 2).unsqueeze(0)
             return F.scaled_dot_product_attention(qd, k, v, enable_gqa=True)
 
-        if not DENSE_ONLY:
+        if SELECT_SIZES:  # the sparse decode peer goes with the selection rows
             ms = median_ms(sparse, reps=REPS * 4)
             rows.append(("torch sparse 2688 gather+sdpa", ms, 2 * 2688 * HKV * D * 2 / ms / 1e6))
             peers["sparse"] = ms
-        for n in (1 << 20,) if STEP_ONLY else (128 << 10, 512 << 10, 1 << 20):
+        for n in DENSE_SIZES:
             sets = max(1, min(8, big // n))
             ks = [keys[s * n:(s + 1) * n].permute(1, 0, 2).unsqueeze(0).contiguous() for s in range(sets)]
             vs = [vals[s * n:(s + 1) * n].permute(1, 0, 2).unsqueeze(0).contiguous() for s in range(sets)]
@@ -168,16 +172,16 @@ def main():
             return ours[name]
 
         print("\nIssue-6 targets (ours from bench_kernels_cuda, peers from this run):")
-        for n in () if STEP_ONLY else (128 << 10, 512 << 10, 1 << 20):
+        for n in () if STEP_ONLY else DENSE_SIZES:  # a step-only log has no dense rows
             ms, _ = get("dense decode N=" + ("1M" if n == 1 << 20 else f"{n >> 10}K"))
             if ms:
                 pct = 100.0 * peers[("dense", n)] / ms
                 print(f"  1. dense decode N={n >> 10}K: ours {ms:.4f} ms, cuDNN SDPA "
                       f"{peers[('dense', n)]:.4f} ms -> {pct:.1f}% of SDPA speed "
                       f"(target >= 85%: {'met' if pct >= 85.0 else 'MISSED'})")
-        if DENSE_ONLY and not STEP_ONLY:
+        if DENSE_ONLY:
             return
-        for n in () if STEP_ONLY else (32 << 10, 128 << 10, 512 << 10, 1 << 20):
+        for n in SELECT_SIZES:
             ms, pct_read = get(f"select N={n >> 10}K score+vote+top2048")
             if ms:
                 fair, bf16 = peers[("fp32 softmax", n)], peers[("bf16 softmax", n)]
