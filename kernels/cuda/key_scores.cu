@@ -465,8 +465,13 @@ cudaError_t ScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
   // Tensor cores where the shape allows (key_scores_mma.cu), else the lane kernel.
   const cudaError_t mma = score_internal::LaunchScoreKeysMma(p, stream);
   if (mma != cudaErrorNotSupported) return mma;
+  if (p.vote_bound != nullptr) return cudaErrorInvalidValue;  // tensor-core shapes only
   if (p.kv_type == KvCacheType::kFp8E4M3) return DispatchDim<true>(p, group, stream);
   return DispatchDim<false>(p, group, stream);
+}
+
+bool BoundVoteSupported(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+  return score_internal::BoundVoteShape(num_heads, num_kv_heads, head_dim);
 }
 
 cudaError_t VoteFromLogits(const VoteParams& p, cudaStream_t stream) {

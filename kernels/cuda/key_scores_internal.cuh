@@ -28,6 +28,8 @@ constexpr int kMaxStatsGroups = kMaxScoreBlocks / kStatsGroup;
 
 struct ScoreWorkspace {
   unsigned int* counter;        // groups merged
+  unsigned int* sample_counter; // bound mode: blocks past their sampled tile
+  unsigned int* sample_flag;    // bound mode: 1 once the sample's statistics are written
   unsigned int* group_done;     // [kMaxStatsGroups] blocks finished per group
   float2* partial;              // [kMaxScoreBlocks, num_heads]: (max, sum-exp) per block
   float2* group_partial;        // [kMaxStatsGroups, num_heads]: per group of kStatsGroup blocks
@@ -45,6 +47,8 @@ inline ScoreWorkspace CarveScoreWorkspace(void* ws, int64_t num_heads) {
   char* base = static_cast<char*>(ws);
   ScoreWorkspace w;
   w.counter = reinterpret_cast<unsigned int*>(base);
+  w.sample_counter = w.counter + 1;
+  w.sample_flag = w.counter + 2;
   w.group_done = reinterpret_cast<unsigned int*>(base + kGroupDoneOffset);
   w.partial = reinterpret_cast<float2*>(base + kPartialOffset);
   w.group_partial = w.partial + static_cast<int64_t>(kMaxScoreBlocks) * num_heads;
@@ -164,27 +168,31 @@ __device__ __forceinline__ bool LastToArrive(unsigned int* counter, unsigned int
 // last group to be merged merges the groups into head_max / head_inv_sum. Both merges run in a
 // fixed order (deterministic for a given grid), and each is one or two dependent L2 round trips
 // however many blocks the grid has (one merge over the 263 blocks of an H200 took five). The
-// counters are re-zeroed for the next launch.
-__device__ __forceinline__ void FinishScoreStats(const KeyScoreParams& p, const ScoreWorkspace& ws) {
+// counters are re-zeroed for the next launch. True in the block that wrote the final merge (the
+// last block of the grid to finish).
+__device__ __forceinline__ bool FinishScoreStats(const KeyScoreParams& p,
+                                                 const ScoreWorkspace& ws) {
   const int num_heads = static_cast<int>(p.num_heads);
   const int blocks = static_cast<int>(gridDim.x);
   const int group = static_cast<int>(blockIdx.x) / kStatsGroup;
   const int first = group * kStatsGroup;
   const int members = min(kStatsGroup, blocks - first);
-  if (!LastToArrive(&ws.group_done[group], static_cast<unsigned int>(members))) return;
+  if (!LastToArrive(&ws.group_done[group], static_cast<unsigned int>(members))) return false;
   CombinePartials<8>(ws.partial + static_cast<int64_t>(first) * num_heads, members, num_heads,
                      ws.group_partial + static_cast<int64_t>(group) * num_heads, nullptr,
                      nullptr);
   if (threadIdx.x == 0) ws.group_done[group] = 0;  // ready for the next launch
   const int groups = (blocks + kStatsGroup - 1) / kStatsGroup;
-  if (!LastToArrive(ws.counter, static_cast<unsigned int>(groups))) return;
+  if (!LastToArrive(ws.counter, static_cast<unsigned int>(groups))) return false;
   CombinePartials<8>(ws.group_partial, groups, num_heads, nullptr, p.head_max, p.head_inv_sum);
   if (threadIdx.x == 0) *ws.counter = 0;
+  return true;
 }
 
 // The tensor-core kernel (key_scores_mma.cu) for the shapes it covers; cudaErrorNotSupported for
 // the others (the caller then uses the lane kernel).
 cudaError_t LaunchScoreKeysMma(const KeyScoreParams& p, cudaStream_t stream);
+bool BoundVoteShape(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 
 }  // namespace tokenselect::kernels::cuda::score_internal
 

@@ -53,6 +53,7 @@
 
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention_internal.h"
 #include "kernels/cuda/kernel_attributes.h"
 #include "kernels/cuda/key_scores_internal.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -65,6 +66,18 @@ constexpr int kD = 128;
 constexpr int kG = 4;
 constexpr int kThreads = 256;
 constexpr int kTile = 16;  // tokens per MMA tile
+// Bound mode's window: tokens x 32 heads of floats, head h of token j at 32 j + (h ^ 4 (j % 8))
+// (TermAt): a warp's stores of tokens g, g + 8 x heads 4 kv + t land in 32 distinct banks, and
+// 8 threads' 16-byte reads of consecutive tokens in 8 distinct bank groups. (Padding to 36
+// floats did the same but took the 2 blocks of an SM over 196 KiB of shared memory, leaving
+// 28 KiB of L1 instead of 60: H200 bound scoring 0.575 against 0.532 ms at 1M.)
+constexpr int kBoundWindow = 256;
+constexpr int kTermStride = 32;
+__device__ __forceinline__ int TermAt(int token, int head) {
+  return token * kTermStride + (head ^ ((token & 7) << 2));
+}
+using internal::FastExp2;
+using internal::kLog2e;
 
 template <bool kFp8>
 struct MmaTraits {
@@ -134,7 +147,15 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // The ring against keys in registers (eighteenth session, same binary): 512K scoring 0.2881 /
 // 0.2880 against 0.2897 / 0.2900 ms, 1M 0.5596 / 0.5597 against 0.5622 / 0.5622. FP8 keys keep
 // the registers (80 of them: 3 blocks per SM).
-template <bool kFp8, int kStages>
+// kBound (selection.h: KeyScoreParams::vote_bound): every lane puts its term exp(l - C_h) into
+// a shared window of kBoundWindow tokens x 32 heads (after the ring; TermAt's swizzle), and
+// when the block's walk leaves the window each thread reduces one token's terms into its bound
+// and top term (plain stores, no atomics: shared float atomics are compare-and-swap loops on
+// sm_90, and the 8 kv heads' warps all add into the same 16 tokens per tile; the twenty-eighth
+// session's atomics cost the H200 most of what dropping the logit stores saved: bound scoring
+// 0.532 against 0.524 ms now). The walk is block-uniform (every warp the same number of
+// steps), so the window's flushes and the sample barrier can use block barriers.
+template <bool kFp8, int kStages, bool kBound>
 __global__ void __launch_bounds__(kThreads, 2)
     ScoreKeysMmaKernel(KeyScoreParams p, ScoreWorkspace ws, int rows, int64_t chunk) {
   using Traits = MmaTraits<kFp8>;
@@ -194,6 +215,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   int base = begin + row * kTile;
   int issue = base, stage = 0;
+  // Bound mode: this block's window of terms, after the ring.
+  float* sm_terms = reinterpret_cast<float*>(sm_stage + (kThreads / 32) * kStages * kTile * 16);
+  int window_begin = begin;
+  float bound_c2 = 0.0f;  // C_h log2(e) of this lane's head (kv * kG + t)
   if constexpr (kStages > 0) {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -243,7 +268,81 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   const int num_heads = static_cast<int>(p.num_heads);
-  for (; base < end; base += stride) {
+  bool sampled = false;
+  // The block's (max, sum-exp) per head to ws.partial, from each lane's state st (head t of
+  // its warp's kv head): over the 8 lanes of equal t, then over the rows of warps.
+  auto write_partial = [&](float2 st) {
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      float2 other;
+      other.x = __shfl_xor_sync(0xffffffffu, st.x, off);
+      other.y = __shfl_xor_sync(0xffffffffu, st.y, off);
+      st = CombineStats(st, other);
+    }
+    if (g == 0) sm_stats[warp][t] = st;
+    __syncthreads();
+    for (int h = threadIdx.x; h < num_heads; h += blockDim.x) {
+      float2 acc = make_float2(-INFINITY, 0.0f);
+      for (int r = 0; r < rows; ++r) acc = CombineStats(acc, sm_stats[r * num_kv + h / kG][h % kG]);
+      ws.partial[blockIdx.x * num_heads + h] = acc;
+    }
+  };
+  // The sample barrier (bound mode): this block's state so far (its first tile's) to
+  // ws.partial, the last block to arrive merges them into sample_max / sample_inv_sum and
+  // raises the flag; every block then reads its lanes' C_h.
+  auto sample_barrier = [&] {
+    write_partial(stats);
+    if (LastToArrive(ws.sample_counter, gridDim.x)) {
+      CombinePartials<8>(ws.partial, static_cast<int>(gridDim.x), num_heads, nullptr,
+                         p.sample_max, p.sample_inv_sum);
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        asm volatile("st.release.gpu.global.u32 [%0], 1;" ::"l"(ws.sample_flag) : "memory");
+      }
+    }
+    if (threadIdx.x == 0) {
+      unsigned int seen;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                     : "=r"(seen)
+                     : "l"(ws.sample_flag)
+                     : "memory");
+      } while (seen == 0u);
+    }
+    __syncthreads();
+    // A common shift (the sampled share of n) keeps the bounds near the votes' scale.
+    const float sampled_tokens =
+        fminf(static_cast<float>(n), static_cast<float>(gridDim.x) * rows * kTile);
+    const int h = kv * kG + t;
+    bound_c2 = (__ldcg(p.sample_max + h) - __logf(__ldcg(p.sample_inv_sum + h)) +
+                __logf(static_cast<float>(n) / sampled_tokens)) *
+               kLog2e;
+    sampled = true;
+  };
+  // Token i of the window: the sum of its terms and the largest, its head in the low 5 bits.
+  auto flush_window = [&] {
+    __syncthreads();
+    const int count = min(kBoundWindow, end - window_begin);
+    for (int i = threadIdx.x; i < count; i += kThreads) {
+      float sum = 0.0f;
+      uint32_t top = 0u;
+      for (int q = 0; q < num_heads / 4; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(sm_terms + TermAt(i, 4 * q));
+        const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          sum += e[u];
+          top = max(top, (__float_as_uint(e[u]) & ~31u) | static_cast<uint32_t>(4 * q + u));
+        }
+      }
+      p.vote_bound[window_begin + i] = sum;
+      p.vote_top[window_begin + i] = top;
+    }
+    __syncthreads();
+  };
+  const int walk_end = kBound ? begin + (end - begin + stride - 1) / stride * stride : end;
+  for (; kBound ? base - row * kTile < walk_end : base < end; base += stride) {
     if constexpr (kStages > 0) {
       __syncwarp();  // every lane has read the stage refilled next
       if (issue < end) issue_tile(issue, (stage + kStages - 1) % kStages);
@@ -290,85 +389,113 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int m = 0; m < kMmas; ++m) Mma<kFp8>(c[m], a, b[j][m][0], b[j][m][1]);
     }
     // Lane (g, t): c[m][0..1] = token g, head t, two parts; c[m][2..3] = token g + 8.
+    float s2[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float dot = c[0][2 * r] + c[0][2 * r + 1];
       if constexpr (kMmas == 2) dot += c[1][2 * r];
       const int tok = base + g + 8 * r;
+      s2[r] = dot * p.scale;
       if (tok < end) {
-        const float s = dot * p.scale;
-        p.logits[(static_cast<int64_t>(kv) * p.n + tok) * kG + t] = s;  // LogitIndex
+        const float s = s2[r];
+        if constexpr (!kBound) {
+          p.logits[(static_cast<int64_t>(kv) * p.n + tok) * kG + t] = s;  // LogitIndex
+        }
         const float m_new = fmaxf(stats.x, s);
         stats.y = stats.y * __expf(stats.x - m_new) + __expf(s - m_new);
         stats.x = m_new;
       }
     }
+    if constexpr (kBound) {
+      if (!sampled) sample_barrier();
+      if (base - row * kTile >= window_begin + kBoundWindow) {  // block-uniform
+        flush_window();
+        window_begin += kBoundWindow;
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int tok = base + g + 8 * r;
+        sm_terms[TermAt(tok - window_begin, kv * kG + t)] =
+            tok < end ? FastExp2(fmaf(s2[r], kLog2e, -bound_c2)) : 0.0f;
+      }
+    }
+  }
+  if constexpr (kBound) {
+    if (!sampled) sample_barrier();  // a block with no tokens still arrives
+    if (begin < end) flush_window();
   }
 
   if constexpr (kStages > 0) CpAsyncWait<0>();
   PdlAllowDependents();  // the vote may launch: what is left is this block's statistics
-  // Head t's state: over the 8 lanes of equal t, then over the rows of warps.
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    float2 other;
-    other.x = __shfl_xor_sync(0xffffffffu, stats.x, off);
-    other.y = __shfl_xor_sync(0xffffffffu, stats.y, off);
-    stats = CombineStats(stats, other);
+  write_partial(stats);
+  // The final merger runs after every block has passed the sample barrier: it re-arms it.
+  if (FinishScoreStats(p, ws) && kBound && threadIdx.x == 0) {
+    *ws.sample_counter = 0;
+    *ws.sample_flag = 0;
   }
-  if (g == 0) sm_stats[warp][t] = stats;
-  __syncthreads();
-  for (int h = threadIdx.x; h < num_heads; h += blockDim.x) {
-    float2 acc = make_float2(-INFINITY, 0.0f);
-    for (int r = 0; r < rows; ++r) acc = CombineStats(acc, sm_stats[r * num_kv + h / kG][h % kG]);
-    ws.partial[blockIdx.x * num_heads + h] = acc;
-  }
-  FinishScoreStats(p, ws);
 }
 
 // The ring's bytes per block: a stage is stage_at's 16 tokens x 16 pieces of 16 bytes per warp.
 template <int kStages>
 constexpr size_t kStageBytes =
     static_cast<size_t>(kThreads / 32) * kStages * kTile * 16 * sizeof(uint4);
+template <int kStages, bool kBound>
+constexpr size_t kSmemBytes =
+    kStageBytes<kStages> + (kBound ? kBoundWindow * kTermStride * sizeof(float) : 0);
 
 // The shared-memory opt-in (over 48 KiB) on the current device, once (kernel_attributes.h).
-template <bool kFp8, int kStages>
+template <bool kFp8, int kStages, bool kBound>
 cudaError_t Configure() {
-  if constexpr (kStageBytes<kStages> == 0) {
+  if constexpr (kSmemBytes<kStages, kBound> == 0) {
     return cudaSuccess;
   } else {
     static std::atomic<uint64_t> done{0};
-    return OptInSharedMemoryOnce(ScoreKeysMmaKernel<kFp8, kStages>, kStageBytes<kStages>,
-                                 &done);
+    return OptInSharedMemoryOnce(ScoreKeysMmaKernel<kFp8, kStages, kBound>,
+                                 kSmemBytes<kStages, kBound>, &done);
   }
 }
 
-template <bool kFp8, int kStages>
+template <bool kFp8, int kStages, bool kBound>
 cudaError_t Launch(const KeyScoreParams& p, cudaStream_t stream) {
   const int rows = kThreads / 32 / static_cast<int>(p.num_kv_heads);
-  constexpr size_t kSmem = kStageBytes<kStages>;
-  TS_CUDA_RETURN_IF_ERROR((Configure<kFp8, kStages>()));
+  constexpr size_t kSmem = kSmemBytes<kStages, kBound>;
+  TS_CUDA_RETURN_IF_ERROR((Configure<kFp8, kStages, kBound>()));
   static std::atomic<int64_t> resident_cache{0};
   int64_t resident = 0;
-  TS_CUDA_RETURN_IF_ERROR(ResidentBlocks(ScoreKeysMmaKernel<kFp8, kStages>, kThreads, kSmem,
-                                         &resident_cache, &resident));
-  const ScoreGrid grid = PlanScoreGrid(p.n, static_cast<int64_t>(rows) * kTile, resident);
-  return LaunchPdl(ScoreKeysMmaKernel<kFp8, kStages>, dim3(grid.blocks), dim3(kThreads), kSmem,
-                   stream, /*cooperative=*/false, p, CarveScoreWorkspace(p.workspace, p.num_heads),
-                   rows, grid.chunk);
+  TS_CUDA_RETURN_IF_ERROR(ResidentBlocks(ScoreKeysMmaKernel<kFp8, kStages, kBound>, kThreads,
+                                         kSmem, &resident_cache, &resident));
+  const int64_t step = static_cast<int64_t>(rows) * kTile;
+  const ScoreGrid grid = PlanScoreGrid(p.n, step, resident);
+  return LaunchPdl(ScoreKeysMmaKernel<kFp8, kStages, kBound>, dim3(grid.blocks), dim3(kThreads),
+                   kSmem, stream, /*cooperative=*/kBound, p,
+                   CarveScoreWorkspace(p.workspace, p.num_heads), rows, grid.chunk);
+}
+
+bool MmaShape(int64_t num_heads, int64_t kv, int64_t head_dim) {
+  return head_dim == kD && num_heads == kG * kv && (kv == 1 || kv == 2 || kv == 4 || kv == 8);
 }
 
 }  // namespace
 
 cudaError_t LaunchScoreKeysMma(const KeyScoreParams& p, cudaStream_t stream) {
-  const int64_t kv = p.num_kv_heads;
-  if (p.head_dim != kD || p.num_heads != kG * kv || !(kv == 1 || kv == 2 || kv == 4 || kv == 8) ||
+  if (!MmaShape(p.num_heads, p.num_kv_heads, p.head_dim) ||
       reinterpret_cast<uintptr_t>(p.query) % 16 != 0) {
     return cudaErrorNotSupported;
   }
-  return p.kv_type == KvCacheType::kFp8E4M3 ? Launch<true, 0>(p, stream)
-                                            : Launch<false, 2>(p, stream);
+  const bool fp8 = p.kv_type == KvCacheType::kFp8E4M3;
+  if (p.vote_bound != nullptr) {
+    if (p.sample_max == nullptr || p.sample_inv_sum == nullptr || p.vote_top == nullptr) {
+      return cudaErrorInvalidValue;
+    }
+    return fp8 ? Launch<true, 0, true>(p, stream) : Launch<false, 2, true>(p, stream);
+  }
+  return fp8 ? Launch<true, 0, false>(p, stream) : Launch<false, 2, false>(p, stream);
 }
 
-cudaError_t ConfigureScoreKeysMmaKernels() { return Configure<false, 2>(); }
+cudaError_t ConfigureScoreKeysMmaKernels() { return Configure<false, 2, false>(); }
+
+bool BoundVoteShape(int64_t num_heads, int64_t kv, int64_t head_dim) {
+  return MmaShape(num_heads, kv, head_dim);
+}
 
 }  // namespace tokenselect::kernels::cuda::score_internal

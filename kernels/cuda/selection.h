@@ -7,6 +7,8 @@
 //                    vote[j] = sum_h s[j, h]                              (top-k ablation)
 //   TopK             the k best of scores[0, n) by "higher score first, then lower index"
 //                    (engine/selection/top_k.h's rule; NaN ranks lowest), ascending by index.
+//   BoundVoteSelect  the soft vote's top k (the three above, up to near-ties) without the
+//                    logits in memory: for long lists on one GPU (below, bound_vote.cu).
 //   SelectionCacheCheck  the selection cache's lookup on the device (engine/selection/
 //                    selection_cache.h): hit = cosine(query, cached query) >= theta.
 //   PlaceSlice       a rank's query slice amid zeros (the cache check's gather under TP).
@@ -78,6 +80,20 @@ struct KeyScoreParams {
   int64_t head_dim = 0;
   float scale = 1.0f;
   const int32_t* skip = nullptr;        // optional [1]: when *skip != 0, write nothing
+  // Bound-vote mode (tensor-core shapes only: BoundVoteSupported), when vote_bound is
+  // set: no logits; instead, once every block has scored its first tile, the per-head softmax
+  // state of those sampled tiles (sample_max / sample_inv_sum, [num_heads]) fixes provisional
+  // constants C_h, and vote_bound[j] = sum_h exp(logit[j, h] - C_h). head_max / head_inv_sum
+  // are written as always (bf16 keys: the same bits as without the mode). With the exact C*_h
+  // = head_max - log(head_inv_sum), the exact soft vote of j lies within
+  // [vote_bound[j] / max_h a_h, vote_bound[j] / min_h a_h], a_h = exp(C*_h - C_h): TopK's
+  // screen mode turns that into a candidate list. Launched cooperatively.
+  float* vote_bound = nullptr;
+  // [n]: the largest of j's 32 terms, its head in the low 5 bits (the term rounded down there):
+  // the screen bounds that term by its own head's a_h and only the rest by the extremes.
+  uint32_t* vote_top = nullptr;
+  float* sample_max = nullptr;
+  float* sample_inv_sum = nullptr;
 };
 
 size_t ScoreKeysWorkspaceBytes(int64_t num_heads);
@@ -141,6 +157,41 @@ struct TopKParams {
   // added by the VoteFromLogits call with this workspace as top_k_workspace, with the same n,
   // device_n and skip. (The call clears it, as every call leaves the workspace zeroed.)
   bool histogram_ready = false;
+  // Optional: out gets index_map[i] instead of i (ascending when index_map is).
+  const int32_t* index_map = nullptr;
+  // Screen mode (ScoreKeys' bound-vote mode ahead), when screen.cand_index is set: scores are
+  // ScoreKeys' vote_bound, and with a_h as in KeyScoreParams::vote_bound (from the four
+  // statistics arrays) each token's exact soft vote lies between a lower and an upper bound
+  // (its top term over its own head's a_h, the rest over the extremes). With T the k-th largest
+  // lower bound, every j whose upper bound reaches T goes to cand_index (ascending), its slot to
+  // cand_slots, their number to *count: every token of the exact soft vote's top k (ties
+  // included) is a candidate. Degenerate statistics (non-finite) make every j one. With
+  // cand_vote set the kernel also scores the candidates and writes the top k of their votes
+  // to out (BoundVoteSelect); without, out is not written.
+  struct Screen {
+    int32_t* cand_index = nullptr;
+    int32_t* cand_slots = nullptr;
+    int32_t* count = nullptr;
+    const int32_t* slots = nullptr;
+    const uint32_t* top_term = nullptr;  // KeyScoreParams::vote_top
+    const float* sample_max = nullptr;
+    const float* sample_inv_sum = nullptr;
+    const float* head_max = nullptr;
+    const float* head_inv_sum = nullptr;
+    int64_t num_heads = 0;
+    // Optional: the candidates' exact soft votes (cand_vote[i] for cand_index[i]), scored by
+    // the block that lists them (candidate_vote.cuh: fp32 dots on CUDA cores, VoteFromLogits'
+    // arithmetic, head_max / head_inv_sum above); with out set too, their top k, picked by one
+    // block after a grid barrier and written to out as cand_index entries. The keys and query
+    // as KeyScoreParams; head_dim 128, 4 query heads per kv head (BoundVoteSupported).
+    float* cand_vote = nullptr;
+    const float* query = nullptr;
+    const void* k_cache = nullptr;
+    KvCacheType kv_type = KvCacheType::kBf16;
+    const float* k_scale = nullptr;
+    int64_t num_kv_heads = 0;
+    float scale = 1.0f;
+  } screen;
 };
 
 size_t TopKWorkspaceBytes(int64_t n);
@@ -151,6 +202,65 @@ size_t TopKWorkspaceBytes(int64_t n);
 // first (by index) of those equal to it. Deterministic; one cooperative launch with grid-wide
 // barriers (at most one block per SM), no host synchronisation. Capturable in a CUDA graph.
 cudaError_t TopK(const TopKParams& params, cudaStream_t stream);
+
+// The bound-vote soft-vote selection (bound_vote.cu): the top k of VoteFromLogits' soft votes,
+// as ScoreKeys -> VoteFromLogits -> TopK would pick them (the same picks up to near-ties: the
+// candidates' logits are fp32 dots, not the tensor-core kernel's bits), without writing or
+// reading the n x num_heads fp32 logits. Two launches:
+//   1. ScoreKeys in bound mode (KeyScoreParams::vote_bound): per token 8 bytes of vote bounds,
+//      and head_max / head_inv_sum as always;
+//   2. TopK in screen mode (TopKParams::Screen): the candidates - every token whose vote's upper
+//      bound reaches the k-th largest lower bound - their exact soft votes, and the top k of
+//      those, mapped back to token indices (ascending).
+// Cheaper than the plain chain only for long lists (kBoundVoteMinCandidates); tensor-core
+// shapes only (BoundVoteSupported). Both kernels are cooperative. skip and device_n as
+// elsewhere.
+struct BoundVoteParams {
+  int32_t* out = nullptr;               // [min(k, n)]: picked token indices, ascending
+  float* head_max = nullptr;            // [num_heads] (written as ScoreKeys writes them)
+  float* head_inv_sum = nullptr;        // [num_heads]
+  const float* query = nullptr;         // as KeyScoreParams (16-byte aligned)
+  const void* k_cache = nullptr;
+  KvCacheType kv_type = KvCacheType::kBf16;
+  const float* k_scale = nullptr;
+  const int32_t* slots = nullptr;       // [n]
+  int64_t n = 0;                        // a bound when device_n is set
+  DeviceLength device_n;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 1.0f;
+  int64_t k = 0;
+  const int32_t* skip = nullptr;
+  // BoundVoteWorkspaceBytes(n, num_heads) bytes, zeroed once after allocation (the launches
+  // leave its counters zeroed). Its parts: BoundVoteWorkspace.
+  void* workspace = nullptr;
+  int launches = 2;                     // benchmarks: 1 stops after the scoring
+};
+
+// The workspace's parts (CarveBoundVoteWorkspace): the bounds, the candidate list and votes.
+struct BoundVoteWorkspace {
+  void* score_workspace;   // ScoreKeysWorkspaceBytes
+  void* top_k_workspace;   // TopKWorkspaceBytes
+  float* bound;            // [n] KeyScoreParams::vote_bound
+  uint32_t* top_term;      // [n] KeyScoreParams::vote_top
+  float* sample_max;       // [num_heads]
+  float* sample_inv_sum;   // [num_heads]
+  int32_t* cand_index;     // [n]
+  int32_t* cand_slots;     // [n]
+  float* cand_vote;        // [n]
+  int32_t* count;          // [1]: the candidates
+};
+
+// Where the engine switches to it (CudaSelectionAttention::Create): at 1M candidates it was
+// faster than the plain chain on an H100 and an H200, at 512K equal on the H100 and slower on
+// the H200 (docs/kernel_tuning_log.md, twenty-ninth session); 768K lies between, not measured.
+constexpr int64_t kBoundVoteMinCandidates = 768 * 1024;
+
+size_t BoundVoteWorkspaceBytes(int64_t n, int64_t num_heads);
+BoundVoteWorkspace CarveBoundVoteWorkspace(void* workspace, int64_t n, int64_t num_heads);
+bool BoundVoteSupported(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
+cudaError_t BoundVoteSelect(const BoundVoteParams& params, cudaStream_t stream);
 
 struct CacheCheckParams {
   int32_t* hit = nullptr;           // [1] out: 1 when *cached_valid and cosine(query, cached_query)

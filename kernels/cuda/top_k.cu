@@ -48,6 +48,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/selection.h"
+#include "kernels/cuda/candidate_vote.cuh"
 #include "kernels/cuda/top_k_digit.cuh"
 
 namespace tokenselect::kernels::cuda {
@@ -111,11 +112,11 @@ __device__ __forceinline__ uint32_t BlockSum(uint32_t value) {
   return BlockExclusiveScan(value, &unused);
 }
 
-// Every block of the grid arrives before any leaves. `target` = gridDim.x * (barriers so far,
-// this one included); the counter starts at zero. Thread 0 arrives with a release add and spins
-// with acquire loads (gpu scope), which with the block barriers around them make each block's
-// global writes before the barrier visible to every block after it (release is cumulative over
-// what the block barrier ordered before it); no full fences.
+// Every block taking part arrives before any leaves. `target` = their number * (barriers so
+// far, this one included); the counter starts at zero. Thread 0 arrives with a release add and
+// spins with acquire loads (gpu scope), which with the block barriers around them make each
+// block's global writes before the barrier visible to every block after it (release is
+// cumulative over what the block barrier ordered before it); no full fences.
 __device__ __forceinline__ void GridBarrier(uint32_t* counter, uint32_t target) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -207,34 +208,158 @@ __device__ Digit ChooseDigitGlobal(const uint32_t* hist, uint32_t remaining) {
   return ChooseDigitOf<kBins>(c, remaining);
 }
 
+// One block's top k of a short list (k <= count): the k best of scores[0, count) by the kernel's
+// rule, written as index_map[i] in order of i. The three digits by shared-memory histograms
+// (hist: kTopBins words), then the compaction a block-wide chunk at a time. The screen's last
+// step (its candidates' votes, after a grid barrier): one launch fewer than a TopK call.
+__device__ void SelectFromList(const float* scores, const int32_t* index_map, uint32_t count,
+                               uint32_t k, int32_t* out, uint32_t* hist) {
+  uint32_t threshold = 0u, mask = 0u, need = k;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 32 - kTopBits : (pass == 1 ? kLowBits : 0);
+    const int bins = pass == 0 ? kTopBins : kLowBins;
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) hist[b] = 0u;
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < count; i += blockDim.x) {
+      const uint32_t key = OrderedKey(__ldcg(scores + i));
+      if ((key & mask) == threshold) {
+        atomicAdd(&hist[(key >> shift) & static_cast<uint32_t>(bins - 1)], 1u);
+      }
+    }
+    __syncthreads();
+    auto count_of = [&](int b) { return hist[b]; };
+    const Digit d = pass == 0 ? ChooseDigit<kTopBins>(count_of, need)
+                              : ChooseDigit<kLowBins>(count_of, need);
+    threshold |= d.bin << shift;
+    need = d.remaining;
+    mask |= static_cast<uint32_t>(bins - 1) << shift;
+  }
+  uint32_t greater_run = 0u, equal_run = 0u;
+  for (uint32_t base = 0; base < count; base += blockDim.x) {
+    const uint32_t i = base + threadIdx.x;
+    const uint32_t key = i < count ? OrderedKey(__ldcg(scores + i)) : 0u;
+    const bool is_greater = i < count && key > threshold;
+    const bool is_equal = i < count && key == threshold;
+    uint32_t greater_before, equal_before;
+    const uint32_t greater_total = BlockExclusiveScan(is_greater ? 1u : 0u, &greater_before);
+    const uint32_t equal_total = BlockExclusiveScan(is_equal ? 1u : 0u, &equal_before);
+    greater_before += greater_run;
+    equal_before += equal_run;
+    if (is_greater || (is_equal && equal_before < need)) {
+      out[greater_before + min(equal_before, need)] = index_map[i];
+    }
+    greater_run += greater_total;
+    equal_run += equal_total;
+  }
+}
+
 // Launched cooperatively with at most one block per SM. Block b owns scores[b * chunk, ...),
 // warp w of it the w-th of kWarps equal parts (chunk is a multiple of kThreads, so every part is
 // whole tiles of 32), lane l the elements begin + l + 32 j: the same elements in every phase, so
 // the first kRegTiles tiles' keys are loaded once and stay in registers (every key of n <= ~1M
 // on an H200); further tiles (larger n) are read again in each phase. n is a bound when
 // device_n is set; k >= the current n (possible only then) writes 0 .. n - 1.
-__global__ void __launch_bounds__(kThreads)
+template <bool kScreen>
+__global__ void __launch_bounds__(kThreads, 1)
     RadixSelectKernel(int32_t* __restrict__ out, const float* __restrict__ scores, int64_t n,
                       DeviceLength device_n, uint32_t k, uint32_t* __restrict__ ws,
-                      const int32_t* skip, bool histogram_ready) {
+                      const int32_t* skip, bool histogram_ready,
+                      const int32_t* __restrict__ index_map, TopKParams::Screen screen) {
   PdlWait();  // launched as a dependent of the vote (or whatever preceded it)
   if (Skipped(skip)) return;
   n = ResolveLength(device_n, n);
+  constexpr bool screening = kScreen;
+  auto mapped = [&](int64_t i) {
+    return index_map != nullptr ? index_map[i] : static_cast<int32_t>(i);
+  };
+  __shared__ uint32_t hist[kTopBins];
+  // Screen mode with cand_vote: the query staged for candidate_vote::SoftVote and the heads'
+  // statistics, before the passes (the scoring after the compaction waits for neither).
+  __shared__ float4 sm_q[kScreen ? candidate_vote::kQueryVecs : 1];
+  __shared__ float sm_m[32], sm_inv[32];
+  const bool scoring = kScreen && screen.cand_vote != nullptr;
+  if constexpr (kScreen) {
+    if (scoring) {
+      candidate_vote::DispatchShape(
+          screen.kv_type == KvCacheType::kFp8E4M3, screen.num_kv_heads,
+          [&](auto, auto kv_heads) {
+            constexpr int kKv = decltype(kv_heads)::value;
+            candidate_vote::StageQuery<kKv>(sm_q, screen.query, threadIdx.x, blockDim.x);
+          });
+      if (threadIdx.x < screen.num_heads) {
+        sm_m[threadIdx.x] = __ldcg(screen.head_max + threadIdx.x);
+        sm_inv[threadIdx.x] = __ldcg(screen.head_inv_sum + threadIdx.x);
+      }
+    }
+  }
+  // Screen mode with cand_vote: this block's warps score candidates first, first + step, ...
+  // below `end` (slot(c) their cache slots, visible to the block: the caller synchronised).
+  auto score_candidates = [&](int64_t first, int64_t step, int64_t end, auto&& slot) {
+    if constexpr (kScreen) {
+      if (!scoring) return;
+      __syncthreads();  // the staged query
+      candidate_vote::DispatchShape(
+          screen.kv_type == KvCacheType::kFp8E4M3, screen.num_kv_heads,
+          [&](auto fp8, auto kv_heads) {
+            constexpr bool kFp8 = decltype(fp8)::value;
+            constexpr int kKv = decltype(kv_heads)::value;
+            for (int64_t c = first; c < end; c += step) {
+              const float v = candidate_vote::SoftVote<kFp8, kKv>(
+                  sm_q, sm_m, sm_inv, screen.k_cache, screen.k_scale, slot(c), screen.scale);
+              if ((threadIdx.x & 31) == 0) screen.cand_vote[c] = v;
+            }
+          });
+    }
+  };
+  // The key row of a candidate-to-be into L2 (sm_90: one bulk prefetch; before, 128-byte line
+  // prefetches), so that its scoring after the list is complete finds it there.
+  const int64_t row_bytes =
+      screen.num_kv_heads * candidate_vote::kD * (screen.kv_type == KvCacheType::kFp8E4M3 ? 1 : 2);
+  auto prefetch_row = [&](int64_t i) {
+    const char* row = static_cast<const char*>(screen.k_cache) + screen.slots[i] * row_bytes;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row),
+                 "r"(static_cast<uint32_t>(row_bytes))
+                 : "memory");
+#else
+    for (int64_t b = 0; b < row_bytes; b += 128) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + b));
+    }
+#endif
+  };
   if (k >= n) {  // the same branch in every block: no barrier is left waiting
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      out[i] = static_cast<int32_t>(i);
+      if (screening) {
+        screen.cand_index[i] = static_cast<int32_t>(i);
+        screen.cand_slots[i] = screen.slots[i];
+        if (out != nullptr) out[i] = static_cast<int32_t>(i);  // every candidate is a pick
+      } else {
+        out[i] = mapped(i);
+      }
     }
+    if (screening && blockIdx.x == 0 && threadIdx.x == 0) {
+      *screen.count = static_cast<int32_t>(n);
+    }
+    // Every token is a candidate: the grid's warps score them all, from the slots given.
+    score_candidates(static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5),
+                     static_cast<int64_t>(gridDim.x) * kWarps, n,
+                     [&](int64_t c) { return screen.slots[c]; });
     // The vote's histogram, unused, is cleared for the next call.
     if (histogram_ready && blockIdx.x == 0) {
       for (int b = threadIdx.x; b < kTopBins; b += blockDim.x) ws[kHist0 + b] = 0u;
     }
     return;
   }
-  __shared__ uint32_t hist[kTopBins];
   __shared__ uint32_t warp_counts[2][kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int64_t chunk = (n + gridDim.x - 1) / gridDim.x;
+  // With device_n the launch was planned for the bound: only the blocks the current n needs
+  // (the launcher's rule) take part, the others leave now (a short candidate list under a long
+  // bound then waits on two blocks' barriers instead of one per SM).
+  const uint32_t blocks = static_cast<uint32_t>(min(
+      static_cast<int64_t>(gridDim.x), max(int64_t{1}, (n + kMinPerBlock - 1) / kMinPerBlock)));
+  if (blockIdx.x >= blocks) return;
+  int64_t chunk = (n + blocks - 1) / blocks;
   chunk = (chunk + kThreads - 1) / kThreads * kThreads;
   const int64_t block_begin = blockIdx.x * chunk;
   const int64_t part = chunk / kWarps;
@@ -242,12 +367,69 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t end = min(n, begin + part);
   // Register tiles past the warp's range are neither loaded nor visited (a warp-uniform exit:
   // at 512K keys a warp has 8 of the 16 tiles).
+  // Screen mode: the keys are the lower bounds of the exact votes, and each element's upper
+  // bound is kept beside it: with inv_a[h] = 1 / a_h, the top term e of head h and the rest
+  // r = bound - e, the exact vote lies in [e inv_a[h] + r min(inv_a), e inv_a[h] + r max(inv_a)]
+  // (widened by 1e-4 for rounding). Statistics that are not finite, or a token whose bound or
+  // top term is not (a term exp(l - C_h) past the fp32 range: a head the sample underestimated
+  // by ~88 nats), give the trivial bounds [0, largest key]: every such token a candidate, none
+  // raising T.
+  __shared__ float inv_a[32];
+  __shared__ bool usable;
+  float inv_lo = 0.0f, inv_hi = 0.0f;
+  if constexpr (kScreen) {
+    if (threadIdx.x < 32) {
+      const int h = threadIdx.x;
+      float v = 1.0f;
+      if (h < screen.num_heads) {
+        const float exact = __ldcg(screen.head_max + h) - logf(__ldcg(screen.head_inv_sum + h));
+        const float provisional =
+            __ldcg(screen.sample_max + h) - logf(__ldcg(screen.sample_inv_sum + h));
+        v = expf(provisional - exact);
+      }
+      inv_a[h] = v;
+      const bool ok = __all_sync(0xffffffffu, isfinite(v) && v > 0.0f);
+      if (h == 0) usable = ok;
+    }
+    __syncthreads();
+    inv_lo = INFINITY;
+    inv_hi = 0.0f;
+    for (int h = 0; h < screen.num_heads; ++h) {
+      inv_lo = fminf(inv_lo, inv_a[h]);
+      inv_hi = fmaxf(inv_hi, inv_a[h]);
+    }
+  }
+  auto key_of = [&](int64_t i, uint32_t* upper) {
+    if constexpr (kScreen) {
+      const float v = scores[i];
+      const uint32_t top = screen.top_term[i];
+      const float e = __uint_as_float(top & ~31u);
+      if (!usable || !isfinite(v) || !isfinite(e)) {  // no bounds: a candidate, T not raised
+        *upper = ~0u;
+        return OrderedKey(0.0f);
+      }
+      const float sure = e * inv_a[top & 31u];
+      const float rest = fmaxf(v - e, 0.0f);
+      *upper = OrderedKey((sure + rest * inv_hi) * (1.0f + 1e-4f));
+      return OrderedKey((sure + rest * inv_lo) * (1.0f - 1e-4f));
+    } else {
+      return OrderedKey(scores[i]);
+    }
+  };
   uint32_t reg[kRegTiles];
+  // Screen mode: the upper bounds beside the keys, their top 16 bits rounded up (a bound still),
+  // two per register (the full 32 bits spilled).
+  uint32_t reg_upper[kScreen ? kRegTiles / 2 : 1] = {};
 #pragma unroll
   for (int u = 0; u < kRegTiles; ++u) {
     const int64_t i = begin + 32 * u + lane;
     reg[u] = 0u;
-    if (begin + 32 * u < end) reg[u] = i < end ? OrderedKey(scores[i]) : 0u;
+    uint32_t upper = 0u;
+    if (begin + 32 * u < end && i < end) reg[u] = key_of(i, &upper);
+    if constexpr (kScreen) {
+      const uint32_t high = upper >= 0xffff0000u ? 0xffffu : (upper + 0xffffu) >> 16;
+      reg_upper[u / 2] |= high << (16 * (u % 2));
+    }
   }
   // fn(key, index, valid) over the lane's elements in index order, all 32 lanes together (fn
   // may use warp votes).
@@ -261,7 +443,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t t = begin + 32 * kRegTiles; t < end; t += 32) {
       const int64_t i = t + lane;
       const bool valid = i < end;
-      fn(valid ? OrderedKey(scores[i]) : 0u, i, valid);
+      uint32_t unused;
+      fn(valid ? key_of(i, &unused) : 0u, i, valid);
     }
   };
   // One histogram pass over this block's keys that match `prefix` under `mask`: bins of
@@ -290,7 +473,7 @@ __global__ void __launch_bounds__(kThreads)
   // the kernel ahead, has finished: PdlWait).
   if (!histogram_ready) {
     histogram(kTopBins, 32 - kTopBits, 0u, 0u, ws + kHist0);
-    GridBarrier(barrier, ++barriers * gridDim.x);
+    GridBarrier(barrier, ++barriers * blocks);
   }
   const Digit top = ChooseDigitGlobal<kTopBins>(ws + kHist0, k);
   uint32_t threshold = top.bin << (32 - kTopBits), need = top.remaining;
@@ -331,7 +514,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int w = 0; w < kWarps; ++w) total += warp_counts[0][w];
       ws[kGreater + blockIdx.x] = total;
     }
-    GridBarrier(barrier, ++barriers * gridDim.x);
+    GridBarrier(barrier, ++barriers * blocks);
     // The whole list, in every block: entry t + kThreads u is this thread's u-th.
     const int count = static_cast<int>(top.count);
     uint32_t ckey[kCandPerThread];
@@ -383,9 +566,90 @@ __global__ void __launch_bounds__(kThreads)
       const int shift = kLowBits * (1 - pass);
       uint32_t* global_hist = ws + (pass == 0 ? kHist1 : kHist2);
       histogram(kLowBins, shift, mask, threshold, global_hist);
-      GridBarrier(barrier, ++barriers * gridDim.x);
+      GridBarrier(barrier, ++barriers * blocks);
       take(ChooseDigitGlobal<kLowBins>(global_hist, need), shift);
     }
+  }
+
+  if constexpr (kScreen) {  // every index whose upper bound reaches T, in index order
+    // fn(upper, index, valid) as for_each: the register tiles' upper bounds were kept beside
+    // their keys, further ones are computed again.
+    auto for_each_upper = [&](auto&& fn) {
+#pragma unroll
+      for (int u = 0; u < kRegTiles; ++u) {
+        if (begin + 32 * u >= end) break;
+        const int64_t i = begin + 32 * u + lane;
+        fn(((reg_upper[u / 2] >> (16 * (u % 2))) & 0xffffu) << 16, i, i < end);
+      }
+      for (int64_t t = begin + 32 * kRegTiles; t < end; t += 32) {
+        const int64_t i = t + lane;
+        uint32_t upper = 0u;
+        if (i < end) key_of(i, &upper);
+        fn(upper, i, i < end);
+      }
+    };
+    const uint32_t cut = threshold;
+    uint32_t passed = 0;
+    for_each_upper([&](uint32_t key, int64_t i, bool valid) {
+      const bool pass = valid && key >= cut;
+      passed += __popc(__ballot_sync(0xffffffffu, pass));
+      if (scoring && pass) prefetch_row(i);
+    });
+    if (lane == 0) warp_counts[0][warp] = passed;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t total = 0;
+      for (int w = 0; w < kWarps; ++w) total += warp_counts[0][w];
+      ws[kEqual + blockIdx.x] = total;  // unused on either path before this point
+    }
+    GridBarrier(barrier, ++barriers * blocks);
+    uint32_t before_part = 0, all_part = 0;
+    for (int b = threadIdx.x; b < static_cast<int>(blocks); b += kThreads) {
+      const uint32_t c = __ldcg(&ws[kEqual + b]);
+      if (b < static_cast<int>(blockIdx.x)) before_part += c;
+      all_part += c;
+    }
+    uint32_t run = BlockSum(before_part);
+    const uint32_t block_first = run;
+    const uint32_t total = BlockSum(all_part);
+    PdlAllowDependents();
+    // With cand_vote and out, the picks too: a grid barrier after the scoring, then block 0.
+    const bool finish = scoring && out != nullptr;
+    uint32_t arrived = 0;
+    if (!finish && threadIdx.x == 0) arrived = atomicAdd(&ws[kDone], 1u);
+    for (int w = 0; w < warp; ++w) run += warp_counts[0][w];
+    for_each_upper([&](uint32_t key, int64_t i, bool valid) {
+      const bool pass = valid && key >= cut;
+      const unsigned pass_mask = __ballot_sync(0xffffffffu, pass);
+      if (pass) {
+        const uint32_t at = run + __popc(pass_mask & below);
+        screen.cand_index[at] = static_cast<int32_t>(i);
+        screen.cand_slots[at] = screen.slots[i];
+      }
+      run += __popc(pass_mask);
+    });
+    if (blockIdx.x == 0 && threadIdx.x == 0) *screen.count = static_cast<int32_t>(total);
+    // This block's candidates, [block_first, block_first + block_count) of the list, scored
+    // by its warps (no grid barrier: the block wrote them).
+    uint32_t block_count = 0;
+    for (int w = 0; w < kWarps; ++w) block_count += warp_counts[0][w];
+    __syncthreads();  // the list entries written above are visible to the block
+    score_candidates(block_first + warp, kWarps, block_first + block_count,
+                     [&](int64_t c) { return screen.cand_slots[c]; });
+    if (finish) {
+      GridBarrier(barrier, ++barriers * blocks);  // every candidate's vote is written
+      if (blockIdx.x == 0) {
+        SelectFromList(screen.cand_vote, screen.cand_index, total, k, out, hist);
+      }
+      if (threadIdx.x == 0) arrived = atomicAdd(&ws[kDone], 1u);
+    }
+    __shared__ bool screen_last;
+    if (threadIdx.x == 0) screen_last = arrived == blocks - 1;
+    __syncthreads();
+    if (screen_last) {
+      for (int w = threadIdx.x; w < kControlWords; w += blockDim.x) ws[w] = 0u;
+    }
+    return;
   }
 
   // Per warp, then per block, the keys above and at the threshold.
@@ -406,7 +670,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int w = 0; w < kWarps; ++w) total += warp_counts[threadIdx.x][w];
       ws[(threadIdx.x == 0 ? kGreater : kEqual) + blockIdx.x] = total;
     }
-    GridBarrier(barrier, ++barriers * gridDim.x);
+    GridBarrier(barrier, ++barriers * blocks);
     for (int b = threadIdx.x; b < static_cast<int>(blockIdx.x); b += blockDim.x) {
       greater_part += __ldcg(&ws[kGreater + b]);
       equal_part += __ldcg(&ws[kEqual + b]);
@@ -439,13 +703,13 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t greater_before = greater_run + __popc(greater_mask & below);
     const uint32_t equal_before = equal_run + __popc(equal_mask & below);
     if (is_greater || (is_equal && equal_before < need)) {
-      out[greater_before + min(equal_before, need)] = static_cast<int32_t>(i);
+      out[greater_before + min(equal_before, need)] = mapped(i);
     }
     greater_run += __popc(greater_mask);
     equal_run += __popc(equal_mask);
   });
   __shared__ bool last;
-  if (threadIdx.x == 0) last = arrived == gridDim.x - 1;
+  if (threadIdx.x == 0) last = arrived == blocks - 1;
   __syncthreads();
   if (last) {
     for (int w = threadIdx.x; w < kControlWords; w += blockDim.x) ws[w] = 0u;
@@ -469,6 +733,26 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   // The histograms are read as 16-byte vectors.
   if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) return cudaErrorInvalidValue;
   const int64_t k = std::min(p.k, p.n);
+  const bool screening = p.screen.cand_index != nullptr;
+  if (screening &&
+      (k == 0 || p.screen.cand_slots == nullptr || p.screen.count == nullptr ||
+       p.screen.slots == nullptr || p.screen.sample_max == nullptr ||
+       p.screen.sample_inv_sum == nullptr || p.screen.head_max == nullptr ||
+       p.screen.head_inv_sum == nullptr || p.screen.top_term == nullptr ||
+       p.screen.num_heads <= 0 || p.screen.num_heads > 32)) {
+    return cudaErrorInvalidValue;
+  }
+  if (screening && p.screen.cand_vote != nullptr) {
+    const TopKParams::Screen& sc = p.screen;
+    const int64_t kv = sc.num_kv_heads;
+    if (sc.query == nullptr || sc.k_cache == nullptr ||
+        reinterpret_cast<uintptr_t>(sc.query) % 16 != 0 ||
+        !(kv == 1 || kv == 2 || kv == 4 || kv == 8) ||
+        sc.num_heads != candidate_vote::kG * kv ||
+        (sc.kv_type == KvCacheType::kFp8E4M3 && sc.k_scale == nullptr)) {
+      return cudaErrorInvalidValue;
+    }
+  }
   if (k == 0) {
     // The vote's histogram, unused, is cleared for the next call (a set skip flag means the
     // vote added nothing: zeros over zeros).
@@ -478,7 +762,8 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
     }
     return cudaSuccess;
   }
-  if (k == p.n && p.device_n.count == nullptr && !p.histogram_ready) {
+  if (k == p.n && p.device_n.count == nullptr && !p.histogram_ready && !screening &&
+      p.index_map == nullptr) {
     const int64_t blocks = std::min<int64_t>((p.n + kThreads - 1) / kThreads, 4096);
     IotaKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(p.out, p.n, p.skip);
     return cudaGetLastError();
@@ -498,8 +783,12 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   uint32_t kk = static_cast<uint32_t>(k);
   const int32_t* skip = p.skip;
   bool ready = p.histogram_ready;
-  return LaunchPdl(RadixSelectKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
-                   stream, /*cooperative=*/true, out, scores, n, device_n, kk, ws, skip, ready);
+  const int32_t* index_map = p.index_map;
+  TopKParams::Screen screen = p.screen;
+  return LaunchPdl(screening ? RadixSelectKernel<true> : RadixSelectKernel<false>,
+                   dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                   /*cooperative=*/true, out, scores, n, device_n, kk, ws, skip, ready, index_map,
+                   screen);
 }
 
 }  // namespace tokenselect::kernels::cuda
