@@ -199,10 +199,11 @@ absl::StatusOr<int64_t> PlanKvTokens(const ModelConfig& c, int64_t budget_bytes,
       max_chunk * (8 * c.hidden_size + 4 * (q + 2 * kv) + 6 * c.intermediate_size) +
       max_batch * c.vocab_size * 4 + 2 * kGiB;
   // Per KV slot: K and V of every layer (bf16 or FP8), plus the selection scratch a request holds
-  // per token it may attend (fp32 scores per query head and the vote), and a quarter page-table
-  // margin for Quest's page bounds.
+  // per token it may attend (fp32 scores per query head and the vote; from 768K candidates also
+  // the bound-vote selection's five words: kernels/cuda/selection.h, BoundVoteWorkspaceBytes),
+  // and a quarter page-table margin for Quest's page bounds.
   const int64_t per_token =
-      c.num_layers * 2 * kv * kv_element_bytes + 4 * (c.num_heads + 2) + kv / 2;
+      c.num_layers * 2 * kv * kv_element_bytes + 4 * (c.num_heads + 2) + 4 * 5 + kv / 2;
   const int64_t left = budget_bytes - weights - activations;
   const int64_t tokens = left > 0 ? (left / per_token) / page_size * page_size : 0;
   if (tokens < page_size) {

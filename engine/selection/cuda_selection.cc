@@ -71,6 +71,10 @@ struct CudaSelectionAttention::Device {
   void* score_workspace = nullptr;
   void* stats_workspace = nullptr;  // TP-invariant numerics: HeadSoftmaxStats'
   void* topk_workspace = nullptr;
+  // BoundVoteSelect's workspace (one GPU, long lists: Create's bound_vote_min_candidates), and
+  // the least candidate bound that uses it.
+  void* bound_workspace = nullptr;
+  int64_t bound_min_candidates = 0;
   int32_t* prefill_picks = nullptr;    // [k]
   // Per layer: the selection-cache entry and its picks, the hit flag, hit/miss counters.
   float* cached_query = nullptr;       // [L, tp_size * H * d]: over all ranks' heads
@@ -110,7 +114,7 @@ CudaSelectionAttention::~CudaSelectionAttention() = default;
 
 absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::Create(
     const SelectionOptions& options, const ModelConfig& config, int64_t max_tokens, int64_t max_new,
-    int tp_size, int invariant_shards) {
+    int tp_size, int invariant_shards, int64_t bound_vote_min_candidates) {
   RETURN_IF_ERROR(ValidateSelectionOptions(options));
   if (tp_size < 1) {
     return absl::InvalidArgumentError(
@@ -191,6 +195,14 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     RETURN_IF_ERROR(
         d.arena.Get(static_cast<int64_t>(kc::TopKWorkspaceBytes(d.max_candidates)), &ws));
     d.topk_workspace = ws;
+    if (options.policy == SelectionPolicyKind::kTokenSelect && tp_size == 1 &&
+        invariant_shards == 0 && d.max_candidates >= bound_vote_min_candidates &&
+        kc::BoundVoteSupported(heads, config.num_kv_heads, config.head_dim)) {
+      RETURN_IF_ERROR(d.arena.Get(
+          static_cast<int64_t>(kc::BoundVoteWorkspaceBytes(d.max_candidates, heads)), &ws));
+      d.bound_workspace = ws;
+      d.bound_min_candidates = std::max<int64_t>(bound_vote_min_candidates, 1);
+    }
     RETURN_IF_ERROR(d.arena.Get(k, &d.prefill_picks));
     if (tp_size > 1) RETURN_IF_ERROR(d.arena.Get(tp_size * row, &d.full_query));
     RETURN_IF_ERROR(d.arena.Get(layers * tp_size * row, &d.cached_query));
@@ -306,68 +318,92 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
         lp.hit = cp.hit;
         lp.counters = d.counters + 2 * query.layer;
       }
-      kc::KeyScoreParams sp;
-      sp.logits = d.logits;
-      sp.head_max = d.head_max;
-      sp.head_inv_sum = d.head_inv_sum;
-      sp.query = d.query;
-      sp.k_cache = query.k_cache;
-      sp.kv_type = KernelKvType(query.kv_dtype);
-      sp.k_scale = query.k_scale;
-      sp.slots = query.token_slots + o.n_init;
-      sp.workspace = d.score_workspace;
-      sp.n = candidates;
-      sp.device_n = device_candidates;
-      sp.num_heads = c.num_heads;
-      sp.num_kv_heads = c.num_kv_heads;
-      sp.head_dim = c.head_dim;
-      sp.scale = o.scale;
-      sp.skip = skip;
-      RETURN_IF_ERROR(CudaStatus(kc::ScoreKeys(sp, s), "ScoreKeys"));
-      const bool soft_vote = o.policy != SelectionPolicyKind::kTopK;
-      if (invariant_shards_ > 0 && soft_vote) {
-        // ScoreKeys' sums of exponentials follow its grid, which follows this rank's head
-        // count: recompute them in an order fixed by n alone.
-        kc::HeadStatsParams hp;
-        hp.head_max = d.head_max;
-        hp.head_inv_sum = d.head_inv_sum;
-        hp.logits = d.logits;
-        hp.workspace = d.stats_workspace;
-        hp.n = candidates;
-        hp.device_n = device_candidates;
-        hp.num_heads = c.num_heads;
-        hp.skip = skip;
-        RETURN_IF_ERROR(CudaStatus(kc::HeadSoftmaxStats(hp, s), "HeadSoftmaxStats"));
+      if (d.bound_workspace != nullptr && tp == nullptr &&
+          candidates >= d.bound_min_candidates) {
+        // Long lists on one GPU: the bound-vote selection, no logits in memory.
+        kc::BoundVoteParams bp;
+        bp.out = picks;
+        bp.head_max = d.head_max;
+        bp.head_inv_sum = d.head_inv_sum;
+        bp.query = d.query;
+        bp.k_cache = query.k_cache;
+        bp.kv_type = KernelKvType(query.kv_dtype);
+        bp.k_scale = query.k_scale;
+        bp.slots = query.token_slots + o.n_init;
+        bp.n = candidates;
+        bp.device_n = device_candidates;
+        bp.num_heads = c.num_heads;
+        bp.num_kv_heads = c.num_kv_heads;
+        bp.head_dim = c.head_dim;
+        bp.scale = o.scale;
+        bp.k = o.k;
+        bp.skip = skip;
+        bp.workspace = d.bound_workspace;
+        RETURN_IF_ERROR(CudaStatus(kc::BoundVoteSelect(bp, s), "BoundVoteSelect"));
+      } else {
+        kc::KeyScoreParams sp;
+        sp.logits = d.logits;
+        sp.head_max = d.head_max;
+        sp.head_inv_sum = d.head_inv_sum;
+        sp.query = d.query;
+        sp.k_cache = query.k_cache;
+        sp.kv_type = KernelKvType(query.kv_dtype);
+        sp.k_scale = query.k_scale;
+        sp.slots = query.token_slots + o.n_init;
+        sp.workspace = d.score_workspace;
+        sp.n = candidates;
+        sp.device_n = device_candidates;
+        sp.num_heads = c.num_heads;
+        sp.num_kv_heads = c.num_kv_heads;
+        sp.head_dim = c.head_dim;
+        sp.scale = o.scale;
+        sp.skip = skip;
+        RETURN_IF_ERROR(CudaStatus(kc::ScoreKeys(sp, s), "ScoreKeys"));
+        const bool soft_vote = o.policy != SelectionPolicyKind::kTopK;
+        if (invariant_shards_ > 0 && soft_vote) {
+          // ScoreKeys' sums of exponentials follow its grid, which follows this rank's head
+          // count: recompute them in an order fixed by n alone.
+          kc::HeadStatsParams hp;
+          hp.head_max = d.head_max;
+          hp.head_inv_sum = d.head_inv_sum;
+          hp.logits = d.logits;
+          hp.workspace = d.stats_workspace;
+          hp.n = candidates;
+          hp.device_n = device_candidates;
+          hp.num_heads = c.num_heads;
+          hp.skip = skip;
+          RETURN_IF_ERROR(CudaStatus(kc::HeadSoftmaxStats(hp, s), "HeadSoftmaxStats"));
+        }
+        kc::VoteParams vp;
+        vp.vote = d.vote;
+        vp.logits = d.logits;
+        vp.head_max = d.head_max;
+        vp.head_inv_sum = d.head_inv_sum;
+        vp.n = candidates;
+        vp.device_n = device_candidates;
+        vp.num_heads = c.num_heads;
+        vp.mode = soft_vote ? kc::VoteMode::kSoftVote : kc::VoteMode::kSumLogits;
+        vp.skip = skip;
+        // One GPU: the top-k ranks the votes as written, so the vote builds its first histogram.
+        const bool vote_histogram = tp == nullptr;
+        if (vote_histogram) vp.top_k_workspace = d.topk_workspace;
+        RETURN_IF_ERROR(CudaStatus(kc::VoteFromLogits(vp, s), "VoteFromLogits"));
+        // Votes (and summed logits) are sums over heads: add the other ranks' heads. On a cache
+        // hit the votes are stale and the sum unused (TopK skips), but every rank still makes
+        // the call, since the hit flag is on the device and collectives must match; the
+        // peer-memory all-reduce reads the flag (the same on every rank) and moves nothing.
+        if (tp != nullptr) RETURN_IF_ERROR(tp->AllReduceSumUnless(d.vote, candidates, skip, s));
+        kc::TopKParams tp;
+        tp.out = picks;
+        tp.scores = d.vote;
+        tp.workspace = d.topk_workspace;
+        tp.n = candidates;
+        tp.device_n = device_candidates;
+        tp.k = o.k;
+        tp.skip = skip;
+        tp.histogram_ready = vote_histogram;
+        RETURN_IF_ERROR(CudaStatus(kc::TopK(tp, s), "TopK"));
       }
-      kc::VoteParams vp;
-      vp.vote = d.vote;
-      vp.logits = d.logits;
-      vp.head_max = d.head_max;
-      vp.head_inv_sum = d.head_inv_sum;
-      vp.n = candidates;
-      vp.device_n = device_candidates;
-      vp.num_heads = c.num_heads;
-      vp.mode = soft_vote ? kc::VoteMode::kSoftVote : kc::VoteMode::kSumLogits;
-      vp.skip = skip;
-      // One GPU: the top-k ranks the votes as written, so the vote builds its first histogram.
-      const bool vote_histogram = tp == nullptr;
-      if (vote_histogram) vp.top_k_workspace = d.topk_workspace;
-      RETURN_IF_ERROR(CudaStatus(kc::VoteFromLogits(vp, s), "VoteFromLogits"));
-      // Votes (and summed logits) are sums over heads: add the other ranks' heads. On a cache
-      // hit the votes are stale and the sum unused (TopK skips), but every rank still makes
-      // the call, since the hit flag is on the device and collectives must match; the
-      // peer-memory all-reduce reads the flag (the same on every rank) and moves nothing.
-      if (tp != nullptr) RETURN_IF_ERROR(tp->AllReduceSumUnless(d.vote, candidates, skip, s));
-      kc::TopKParams tp;
-      tp.out = picks;
-      tp.scores = d.vote;
-      tp.workspace = d.topk_workspace;
-      tp.n = candidates;
-      tp.device_n = device_candidates;
-      tp.k = o.k;
-      tp.skip = skip;
-      tp.histogram_ready = vote_histogram;
-      RETURN_IF_ERROR(CudaStatus(kc::TopK(tp, s), "TopK"));
       lp.picks = picks;
       lp.num_picks = std::min(o.k, candidates);
       lp.n_local = o.n_local;

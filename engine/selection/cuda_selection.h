@@ -51,8 +51,11 @@
 #include "engine/selection/selection_attention.h"
 #include "engine/selection/selection_cache.h"
 #include "engine/selection/selection_options.h"
+#include "kernels/cuda/selection.h"
 
 namespace tokenselect::engine {
+
+using kernels::cuda::kBoundVoteMinCandidates;
 
 class CudaSelectionAttention : public CudaAttentionProvider {
  public:
@@ -64,9 +67,15 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   // {1, 2, 4}, a multiple of tp_size: selections that do not depend on the tensor-parallel size
   // (softmax statistics in a fixed order, Quest's page scores summed over S head groups in a
   // fixed tree); the model's own invariant_shards.
+  // bound_vote_min_candidates: on one GPU (tp_size 1, invariant_shards 0), TokenSelect steps
+  // with at least this many candidates (the host bound) select by BoundVoteSelect
+  // (kernels/cuda/selection.h: no fp32 logits in memory; the same picks up to near-ties) where
+  // the shape allows it (head_dim 128, 4 query heads per kv head, 1/2/4/8 kv heads); the
+  // default is where it was measured faster (kBoundVoteMinCandidates); tests lower it.
   static absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> Create(
       const SelectionOptions& options, const ModelConfig& config, int64_t max_tokens,
-      int64_t max_new, int tp_size = 1, int invariant_shards = 0);
+      int64_t max_new, int tp_size = 1, int invariant_shards = 0,
+      int64_t bound_vote_min_candidates = kBoundVoteMinCandidates);
   ~CudaSelectionAttention() override;
   CudaSelectionAttention(const CudaSelectionAttention&) = delete;
   CudaSelectionAttention& operator=(const CudaSelectionAttention&) = delete;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -146,18 +147,27 @@ TEST_P(CudaSelectionTest, PrefillChunkListsMatchTheCpuPolicy) {
   const int64_t chunk = 37;
   SetUpCache(5000 + chunk, &rng);
   // k = 1500: lists longer than one block of the list kernel (kernels/cuda/selection_list.cu).
-  for (const auto& [kind, k] : std::vector<std::pair<SelectionPolicyKind, int64_t>>{
-           {SelectionPolicyKind::kTokenSelect, 300}, {SelectionPolicyKind::kTopK, 300},
-           {SelectionPolicyKind::kQuest, 300}, {SelectionPolicyKind::kStreaming, 300},
-           {SelectionPolicyKind::kDense, 300}, {SelectionPolicyKind::kTokenSelect, 1500},
-           {SelectionPolicyKind::kStreaming, 1500}}) {
+  // bound 1: TokenSelect by the bound-vote selection (BoundVoteSelect) at every length, where
+  // the shape allows it (head_dim 128, groups of 4), else the plain chain again.
+  using Case = std::tuple<SelectionPolicyKind, int64_t, int64_t>;
+  for (const auto& [kind, k, bound] : std::vector<Case>{
+           {SelectionPolicyKind::kTokenSelect, 300, kBoundVoteMinCandidates},
+           {SelectionPolicyKind::kTopK, 300, kBoundVoteMinCandidates},
+           {SelectionPolicyKind::kQuest, 300, kBoundVoteMinCandidates},
+           {SelectionPolicyKind::kStreaming, 300, kBoundVoteMinCandidates},
+           {SelectionPolicyKind::kDense, 300, kBoundVoteMinCandidates},
+           {SelectionPolicyKind::kTokenSelect, 1500, kBoundVoteMinCandidates},
+           {SelectionPolicyKind::kStreaming, 1500, kBoundVoteMinCandidates},
+           {SelectionPolicyKind::kTokenSelect, 300, 1},
+           {SelectionPolicyKind::kTokenSelect, 1500, 1}}) {
     SelectionOptions opt;
     opt.policy = kind;
     opt.n_init = 16;
     opt.k = k;
     opt.n_local = 64;
     opt.chunk_size = chunk;
-    auto provider = CudaSelectionAttention::Create(opt, config_, 5000 + chunk, chunk);
+    auto provider =
+        CudaSelectionAttention::Create(opt, config_, 5000 + chunk, chunk, 1, 0, bound);
     ASSERT_TRUE(provider.ok()) << provider.status();
     auto policy = CreateSelectionPolicy(opt);
     ASSERT_TRUE(policy.ok());
@@ -180,10 +190,11 @@ TEST_P(CudaSelectionTest, PrefillChunkListsMatchTheCpuPolicy) {
       const int64_t tolerance = kind == SelectionPolicyKind::kQuest
                                     ? 2 * opt.baselines.quest_page_size
                                     : 2;
-      EXPECT_LE(mismatches, tolerance) << PolicyName(kind) << " k=" << k << " cached=" << cached;
+      EXPECT_LE(mismatches, tolerance)
+          << PolicyName(kind) << " k=" << k << " bound=" << bound << " cached=" << cached;
       flips += mismatches > 0;
     }
-    EXPECT_LE(flips, 1) << PolicyName(kind) << " k=" << k;
+    EXPECT_LE(flips, 1) << PolicyName(kind) << " k=" << k << " bound=" << bound;
   }
 }
 
@@ -227,18 +238,21 @@ TEST_P(CudaSelectionTest, QuestDecodeStepsMatchTheCpu) {
 
 // Decode steps through the selection cache: the GPU's hit decisions, counters and lists equal
 // the CPU SelectionCache's, for queries that drift slowly (hits at theta 0.9 happen) and for the
-// theta extremes.
+// theta extremes; by the plain chain and by the bound-vote selection (bound 1, where the shape
+// allows it: a hit's skip flag must leave the cached picks as they are).
 TEST_P(CudaSelectionTest, DecodeStepsThroughTheCacheMatchTheCpu) {
   std::mt19937 rng(7);
   const int64_t first = 3000, steps = 40;
   SetUpCache(first + steps, &rng);
-  for (double theta : {0.9, -1.0, 1.01}) {
+  for (const auto& [theta, bound] : std::vector<std::pair<double, int64_t>>{
+           {0.9, kBoundVoteMinCandidates}, {-1.0, kBoundVoteMinCandidates},
+           {1.01, kBoundVoteMinCandidates}, {0.9, 1}, {1.01, 1}}) {
     SelectionOptions opt;
     opt.n_init = 8;
     opt.k = 200;
     opt.n_local = 32;
     opt.theta = theta;
-    auto provider = CudaSelectionAttention::Create(opt, config_, first + steps, 16);
+    auto provider = CudaSelectionAttention::Create(opt, config_, first + steps, 16, 1, 0, bound);
     ASSERT_TRUE(provider.ok()) << provider.status();
     auto policy = CreateSelectionPolicy(opt);
     ASSERT_TRUE(policy.ok());
@@ -261,11 +275,12 @@ TEST_P(CudaSelectionTest, DecodeStepsThroughTheCacheMatchTheCpu) {
         AttentionList cpu;
         ASSERT_TRUE(BuildAttentionList(result.tokens, slots_, cached, 1, &cpu).ok());
         const int64_t mismatches = Mismatches(gpu, cpu);
-        EXPECT_LE(mismatches, 2) << "theta=" << theta << " step " << t << " layer " << layer;
+        EXPECT_LE(mismatches, 2) << "theta=" << theta << " bound=" << bound << " step " << t
+                                 << " layer " << layer;
         flips += mismatches > 0;
       }
     }
-    EXPECT_LE(flips, 1) << "theta=" << theta;
+    EXPECT_LE(flips, 1) << "theta=" << theta << " bound=" << bound;
     auto counters = (*provider)->CacheCounters(nullptr);
     ASSERT_TRUE(counters.ok());
     const SelectionCacheCounters cpu = cache.total_counters();
