@@ -92,6 +92,21 @@ struct ExactSelection {
   kernels::cuda::TopKParams top_k;
 };
 
+// The bound-vote selection (selection.h: BoundVoteSelect) over an ExactSelection's inputs:
+// its own workspace (view: its parts, for checks), statistics and picks. `launches` stops after
+// that many of the two (benchmarks).
+struct BoundSelection {
+  BoundSelection(const ExactSelection& exact, int64_t k);
+  cudaError_t Run(cudaStream_t stream, int launches = 2) const;
+
+  const ExactSelection& exact;
+  DeviceBuffer<char> workspace;
+  kernels::cuda::BoundVoteWorkspace view;
+  DeviceBuffer<float> head_max, head_inv_sum;
+  DeviceBuffer<int32_t> top;
+  int64_t k;
+};
+
 }  // namespace tokenselect::bench
 
 #endif  // TOKENSELECT_BENCH_CUDA_BENCH_UTIL_H_

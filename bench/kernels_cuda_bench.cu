@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -414,12 +415,14 @@ int Main(int argc, char** argv) {
     const double key_bytes = double(n) * kRowBytes;
     const long long nk = static_cast<long long>(n >> 10);
     char what[96], note[64];
+    double t_plain_chain = 0.0;  // score+vote+top2048 (not in a step-only run)
     if (!step_only) {
       const double t_score = GraphMedianMs(score, reps);
       const double t_vote = GraphMedianMs(
           [&](int) { TS_CUDA_CHECK(VoteFromLogits(vp, g_stream)); }, reps);
       const double t_topk = GraphMedianMs([&](int) { TS_CUDA_CHECK(TopK(tp, g_stream)); }, reps);
       const double t_all = GraphMedianMs(all, reps);
+      t_plain_chain = t_all;
       std::snprintf(what, sizeof(what), "select N=%lldK score only", nk);
       rows.push_back({what, t_score, key_bytes / t_score / 1e6, ""});
       std::snprintf(what, sizeof(what), "select N=%lldK vote only", nk);
@@ -437,6 +440,71 @@ int Main(int argc, char** argv) {
       std::snprintf(what, sizeof(what), "select N=%lldK score+vote+top2048, top-k's own histogram",
                     nk);
       rows.push_back({what, t_plain, key_bytes / t_plain / 1e6, ""});
+    }
+
+    // The bound-vote selection (BoundSelection): its picks against the exact chain's, then its
+    // launches' times.
+    bench::BoundSelection bsel(sel, k);
+    bool use_bound = false;
+    {
+      all(0);
+      TS_CUDA_CHECK(bsel.Run(g_stream));
+      TS_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<int32_t> want = sel.top.Download(), got = bsel.top.Download();
+      const int64_t heads = sel.score.num_heads;
+      const int32_t cands = gpu_test::DownloadFrom(bsel.view.count, 1)[0];
+      const std::vector<float> sm = gpu_test::DownloadFrom(bsel.view.sample_max, heads);
+      const std::vector<float> si = gpu_test::DownloadFrom(bsel.view.sample_inv_sum, heads);
+      const std::vector<float> hm = sel.head_max.Download(), hi = sel.head_inv_sum.Download();
+      double lo = 1e30, hi_d = -1e30;
+      for (size_t h = 0; h < hm.size(); ++h) {
+        const double d = (hm[h] - std::log(double(hi[h]))) - (sm[h] - std::log(double(si[h])));
+        lo = std::min(lo, d);
+        hi_d = std::max(hi_d, d);
+      }
+      // Against the exact chain: the candidates' votes (fp32 dots against the tensor-core
+      // logits), and the picks, which may differ only where the exact votes nearly tie.
+      const std::vector<float> exact_vote = sel.vote.Download();
+      const std::vector<float> cand_vote = gpu_test::DownloadFrom(bsel.view.cand_vote, cands);
+      const std::vector<int32_t> cand_index = gpu_test::DownloadFrom(bsel.view.cand_index, cands);
+      double vote_err = 0.0;
+      for (int32_t i = 0; i < cands; ++i) {
+        const double e = exact_vote[static_cast<size_t>(cand_index[i])];
+        vote_err = std::max(vote_err, std::fabs(cand_vote[i] - e) / e);
+      }
+      double kth = 1e300;
+      for (int32_t i : want) kth = std::min(kth, double(exact_vote[static_cast<size_t>(i)]));
+      std::vector<int32_t> extra;
+      std::set_difference(got.begin(), got.end(), want.begin(), want.end(),
+                          std::back_inserter(extra));
+      int far = 0;
+      for (int32_t i : extra) far += exact_vote[static_cast<size_t>(i)] < kth * (1 - 1e-5);
+      const bool ok = got.size() == want.size() && std::is_sorted(got.begin(), got.end()) &&
+                      far == 0 && vote_err < 1e-5;
+      std::printf("check bound select N=%lld: %d candidates (%.2fx k), bound ratio %.5f, "
+                  "candidate votes max rel diff %.2e, picks: %zu differ from the exact chain's, "
+                  "%d beyond a near-tie -> %s\n",
+                  static_cast<long long>(n), cands, double(cands) / double(k),
+                  std::exp(hi_d - lo), vote_err, extra.size(), far, ok ? "OK" : "FAILED");
+      if (!ok) return 1;
+      for (int launches = 1; launches <= 2; ++launches) {
+        if (step_only) break;
+        const double t = GraphMedianMs([&](int rep) {
+          sp.slots = slot_sets[rep % sets]->get();
+          TS_CUDA_CHECK(bsel.Run(g_stream, launches));
+        }, reps);
+        const char* parts[] = {"", "bound score", "+screen+votes+top2048"};
+        std::snprintf(what, sizeof(what), "select N=%lldK bound: %s", nk, parts[launches]);
+        rows.push_back({what, t, key_bytes / t / 1e6, ""});
+        if (launches < 2) continue;
+        // The chain the engine runs at this length (CudaSelectionAttention: the bound-vote
+        // selection from kBoundVoteMinCandidates candidates on one GPU).
+        const bool bound_chain = n >= kBoundVoteMinCandidates;
+        const double t_engine = bound_chain ? t : t_plain_chain;
+        std::snprintf(what, sizeof(what), "select N=%lldK engine selection", nk);
+        rows.push_back({what, t_engine, key_bytes / t_engine / 1e6,
+                        bound_chain ? "the bound-vote chain" : "the plain chain"});
+      }
     }
 
     if (n == kCacheSlots) {
@@ -459,9 +527,14 @@ int Main(int argc, char** argv) {
       auto step_upto = [&](int rep, int parts, bool with_check) {
         if (with_check) TS_CUDA_CHECK(SelectionCacheCheck(cp, g_stream));
         sp.skip = vp.skip = tp.skip = with_check ? hit.get() : nullptr;
-        if (parts >= 2) score(rep);
-        if (parts == 3) TS_CUDA_CHECK(VoteFromLogits(vp, g_stream));
-        if (parts >= 4) vote_top();
+        if (use_bound && parts >= 2) {
+          sp.slots = slot_sets[rep % sets]->get();
+          TS_CUDA_CHECK(bsel.Run(g_stream));
+        } else {
+          if (parts >= 2) score(rep);
+          if (parts == 3) TS_CUDA_CHECK(VoteFromLogits(vp, g_stream));
+          if (parts >= 4) vote_top();
+        }
         sp.skip = vp.skip = tp.skip = nullptr;
         step_dp.indices = step_lists[rep % step_lists.size()]->get();
         if (parts >= 5) TS_CUDA_CHECK(DecodeAttention(step_dp, g_stream));
@@ -470,6 +543,9 @@ int Main(int argc, char** argv) {
       cp.theta = 2.0f;  // never hits: the full selection every step
       if (sustain_s > 0.0) bench::Sustain(g_stream, step, sustain_s);
       const double t_miss = GraphMedianMs(step, reps);
+      use_bound = true;
+      const double t_miss_bound = GraphMedianMs(step, reps);
+      use_bound = false;
       if (step_parts) {
         const char* names[] = {"", "check", "check+score", "check+score+vote",
                                "check+score+vote+topk"};
@@ -505,8 +581,18 @@ int Main(int argc, char** argv) {
       } else {
         std::snprintf(note, sizeof(note), "keys + sparse K/V");
       }
-      rows.push_back({"decode step N=1M miss (check+select+sparse)", t_miss,
-                      step_bytes / t_miss / 1e6, note});
+      // The step as the engine runs it: its selection chain at this length (above).
+      const bool bound_step = n >= kBoundVoteMinCandidates;
+      const double t_engine_step = bound_step ? t_miss_bound : t_miss;
+      char engine_note[96];
+      std::snprintf(engine_note, sizeof(engine_note), "%s; %s", note,
+                    bound_step ? "the bound-vote chain" : "the plain chain");
+      rows.push_back({"decode step N=1M miss (check+select+sparse)", t_engine_step,
+                      step_bytes / t_engine_step / 1e6, engine_note});
+      rows.push_back({"decode step N=1M miss, plain chain", t_miss, step_bytes / t_miss / 1e6,
+                      note});
+      rows.push_back({"decode step N=1M miss, bound-vote chain", t_miss_bound,
+                      step_bytes / t_miss_bound / 1e6, note});
       rows.push_back({"decode step N=1M hit (check+skip+sparse)", t_hit, 0.0, ""});
       if (step_only) continue;
       // Contiguous slots instead of shuffled 16-slot pages.

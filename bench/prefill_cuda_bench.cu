@@ -7,8 +7,10 @@
 //               causal chunk (visible = N + i + 1)
 //       napkin: FLOPs = 4 d H sum_i visible_i; GB/s counts the list's K + V bytes once
 //   (b) the full TokenSelect chunk step at N = 32K .. 1M: selection query (BuildSelectionQuery,
-//       mean of the chunk's rotated queries at n_local + i), ScoreKeys + VoteFromLogits (soft vote)
-//       + TopK(2048) over the candidates [128, N - 512), the list build (init + selected + local
+//       mean of the chunk's rotated queries at n_local + i), the soft vote's top 2048 over the
+//       candidates [128, N - 512) by the chain the engine runs at that length (ScoreKeys +
+//       VoteFromLogits + TopK; BoundVoteSelect from kBoundVoteMinCandidates candidates: the 1M
+//       row), the list build (init + selected + local
 //       + chunk, compact positions, visible = 2688 + i + 1), PrefillAttention; each part and the
 //       whole step replayed as CUDA graphs.
 // Check: the tuned kernel against SimplePrefillAttention (CUDA cores, fp32) on the sparse list.
@@ -372,17 +374,21 @@ int Main(int argc, char** argv) {
     bench::ExactSelection sel(cands, kTopK, kHeads, kKvHeads, kDim);
     sel.score.query = sel_q.get();
     sel.score.k_cache = kc;
+    // The engine's chain at this length (CudaSelectionAttention).
+    const bool bound_chain = cands >= kBoundVoteMinCandidates;
+    bench::BoundSelection bound_sel(sel, kTopK);
+    const int32_t* picks = bound_chain ? bound_sel.top.get() : sel.top.get();
     auto selq = [&](int) {
       TS_CUDA_CHECK(BuildSelectionQuery(sel_q.get(), qp, kQStride, kChunk, kHeads, kDim, kLocal,
                                         inv_freq.get(), g_stream));
     };
     auto select = [&](int r) {
       sel.score.slots = cand_slots[r % sets]->get();
-      TS_CUDA_CHECK(sel.Run(g_stream));
+      TS_CUDA_CHECK(bound_chain ? bound_sel.Run(g_stream) : sel.Run(g_stream));
     };
     auto build = [&](int r) {
       BuildTokenSelectList<<<(kList + 255) / 256, 256, 0, g_stream>>>(
-          list_slots.get(), list_pos.get(), vis.get(), qpos.get(), sel.top.get(),
+          list_slots.get(), list_pos.get(), vis.get(), qpos.get(), picks,
           cand_slots[r % sets]->get(), static_cast<int32_t>((r % sets) * n),
           static_cast<int32_t>(n), static_cast<int32_t>(kMaxN));
       TS_CUDA_CHECK(cudaGetLastError());
