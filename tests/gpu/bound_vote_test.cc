@@ -9,7 +9,8 @@
 //
 // What must hold:
 //   - the statistics are ScoreKeys' (bf16: the same bits; FP8: the sums within 1e-6);
-//   - the picks are min(k, n) ascending indices, the same on a repeated call;
+//   - the picks are min(k, n) ascending indices, the same on a repeated call (with a device
+//     length, that call replayed from a captured CUDA graph);
 //   - against the plain chain's picks, any difference is a near-tie: a pick the plain chain did
 //     not make has a plain vote >= t (1 - 1e-5), one it made and the bound chain did not has a
 //     plain vote <= t (1 + 1e-5), t the plain chain's k-th vote (the candidates' logits are
@@ -175,12 +176,30 @@ TEST_P(BoundVoteGpuTest, PicksTheSoftVotesTopK) {
   bp.head_dim = dim;
   bp.k = c.k;
   bp.workspace = ws.get();
+  // With a device length the second call is replayed from a captured CUDA graph (as the
+  // engine's decode steps run it): cooperative launches with programmatic edges.
   std::vector<int32_t> first;
   for (int call = 0; call < 2; ++call) {
     got.Poison();
     b_max.Poison();
     b_inv.Poison();
-    ASSERT_EQ(BoundVoteSelect(bp, nullptr), cudaSuccess);
+    if (call == 1 && c.device_cut > 0) {
+      cudaStream_t stream;
+      ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      ASSERT_EQ(BoundVoteSelect(bp, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+      EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+      EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+    } else {
+      ASSERT_EQ(BoundVoteSelect(bp, nullptr), cudaSuccess);
+    }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     if (call == 0) first = got.Download();
   }
