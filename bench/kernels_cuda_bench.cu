@@ -25,18 +25,20 @@
 // (check + score, + vote, + top-k; the step without the check), to see what each kernel adds,
 // and A/B rows: the selection and the step with the top-k's own first histogram, sparse decode
 // at other split counts.
+// --crossover adds a 768K selection size (between 512K and 1M: where the engine switches to the
+// bound-vote chain, kBoundVoteMinCandidates).
 // Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only | --step-only]
-//                           [--step-parts]
+//                           [--step-parts] [--crossover]
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <iterator>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -226,7 +228,8 @@ int PrintRows(const std::vector<Row>& rows, double copy_gbps, double read_gbps) 
 
 int Main(int argc, char** argv) {
   TS_CUDA_CHECK(cudaStreamCreate(&g_stream));  // blocking: orders after cudaMemset poisoning
-  bool quick = false, variants = false, dense_only = false, step_only = false, step_parts = false;
+  bool quick = false, variants = false, dense_only = false, step_only = false, step_parts = false,
+       crossover = false;
   double sustain_s = 0.0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
@@ -237,13 +240,16 @@ int Main(int argc, char** argv) {
       dense_only = true;
     } else if (std::strcmp(argv[i], "--step-only") == 0) {
       step_only = true;
+    } else if (std::strcmp(argv[i], "--crossover") == 0) {
+      crossover = true;
     } else if (std::strcmp(argv[i], "--step-parts") == 0) {
       step_parts = true;
     } else if (std::strncmp(argv[i], "--sustain=", 10) == 0) {
       sustain_s = std::atof(argv[i] + 10);
     } else {
       std::fprintf(stderr, "unknown argument %s\nusage: bench_kernels_cuda [--quick | --variants] "
-                   "[--sustain=S] [--dense-only | --step-only] [--step-parts]\n", argv[i]);
+                   "[--sustain=S] [--dense-only | --step-only] [--step-parts] [--crossover]\n",
+                   argv[i]);
       return 2;
     }
   }
@@ -331,7 +337,8 @@ int Main(int argc, char** argv) {
   for (float& x : query) x = normal(rng) * (3.0f / std::sqrt(float(kDim)));
   DeviceBuffer<float> d_query(query);
   const int64_t k = 2048;
-  const int64_t sizes[] = {32 << 10, 128 << 10, 512 << 10, 1 << 20};
+  std::vector<int64_t> sizes = {32 << 10, 128 << 10, 512 << 10, 1 << 20};
+  if (crossover) sizes.insert(sizes.end() - 1, 768 << 10);
   for (int64_t n : sizes) {
     if (dense_only) break;
     if (step_only && n != kCacheSlots) continue;

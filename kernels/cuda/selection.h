@@ -252,9 +252,10 @@ struct BoundVoteWorkspace {
   int32_t* count;          // [1]: the candidates
 };
 
-// Where the engine switches to it (CudaSelectionAttention::Create): at 1M candidates it was
-// faster than the plain chain on an H100 and an H200, at 512K equal on the H100 and slower on
-// the H200 (docs/kernel_tuning_log.md, twenty-ninth session); 768K lies between, not measured.
+// Where the engine switches to it (CudaSelectionAttention::Create). Selection alone against the
+// plain chain (bench_kernels_cuda --quick --crossover, twenty-ninth session): at 512K equal on an
+// H100 (0.4364 / 0.4391 ms) and slower on an H200 (0.3260 / 0.3113); at 768K faster on both
+// (0.6170 / 0.6461, 0.4523 / 0.4566); at 1M faster on both (0.7994 / 0.8534, 0.5831 / 0.6024).
 constexpr int64_t kBoundVoteMinCandidates = 768 * 1024;
 
 size_t BoundVoteWorkspaceBytes(int64_t n, int64_t num_heads);
