@@ -205,24 +205,12 @@ BoundSelection::BoundSelection(const ExactSelection& exact_selection, int64_t to
 }
 
 cudaError_t BoundSelection::Run(cudaStream_t stream, int launches) const {
-  const kernels::cuda::KeyScoreParams& sp = exact.score;
   kernels::cuda::BoundVoteParams p;
+  p.score = exact.score;
+  p.score.head_max = head_max.get();
+  p.score.head_inv_sum = head_inv_sum.get();
   p.out = top.get();
-  p.head_max = head_max.get();
-  p.head_inv_sum = head_inv_sum.get();
-  p.query = sp.query;
-  p.k_cache = sp.k_cache;
-  p.kv_type = sp.kv_type;
-  p.k_scale = sp.k_scale;
-  p.slots = sp.slots;
-  p.n = sp.n;
-  p.device_n = sp.device_n;
-  p.num_heads = sp.num_heads;
-  p.num_kv_heads = sp.num_kv_heads;
-  p.head_dim = sp.head_dim;
-  p.scale = sp.scale;
   p.k = k;
-  p.skip = sp.skip;
   p.workspace = workspace.get();
   p.launches = launches;
   return kernels::cuda::BoundVoteSelect(p, stream);

@@ -375,16 +375,18 @@ int Main(int argc, char** argv) {
     sel.score.query = sel_q.get();
     sel.score.k_cache = kc;
     // The engine's chain at this length (CudaSelectionAttention).
-    const bool bound_chain = cands >= kBoundVoteMinCandidates;
-    bench::BoundSelection bound_sel(sel, kTopK);
-    const int32_t* picks = bound_chain ? bound_sel.top.get() : sel.top.get();
+    std::unique_ptr<bench::BoundSelection> bound_sel;
+    if (cands >= kBoundVoteMinCandidates) {
+      bound_sel = std::make_unique<bench::BoundSelection>(sel, kTopK);
+    }
+    const int32_t* picks = bound_sel ? bound_sel->top.get() : sel.top.get();
     auto selq = [&](int) {
       TS_CUDA_CHECK(BuildSelectionQuery(sel_q.get(), qp, kQStride, kChunk, kHeads, kDim, kLocal,
                                         inv_freq.get(), g_stream));
     };
     auto select = [&](int r) {
       sel.score.slots = cand_slots[r % sets]->get();
-      TS_CUDA_CHECK(bound_chain ? bound_sel.Run(g_stream) : sel.Run(g_stream));
+      TS_CUDA_CHECK(bound_sel ? bound_sel->Run(g_stream) : sel.Run(g_stream));
     };
     auto build = [&](int r) {
       BuildTokenSelectList<<<(kList + 255) / 256, 256, 0, g_stream>>>(

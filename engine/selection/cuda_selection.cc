@@ -318,46 +318,33 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
         lp.hit = cp.hit;
         lp.counters = d.counters + 2 * query.layer;
       }
+      kc::KeyScoreParams sp;
+      sp.logits = d.logits;
+      sp.head_max = d.head_max;
+      sp.head_inv_sum = d.head_inv_sum;
+      sp.query = d.query;
+      sp.k_cache = query.k_cache;
+      sp.kv_type = KernelKvType(query.kv_dtype);
+      sp.k_scale = query.k_scale;
+      sp.slots = query.token_slots + o.n_init;
+      sp.workspace = d.score_workspace;
+      sp.n = candidates;
+      sp.device_n = device_candidates;
+      sp.num_heads = c.num_heads;
+      sp.num_kv_heads = c.num_kv_heads;
+      sp.head_dim = c.head_dim;
+      sp.scale = o.scale;
+      sp.skip = skip;
       if (d.bound_workspace != nullptr && tp == nullptr &&
           candidates >= d.bound_min_candidates) {
         // Long lists on one GPU: the bound-vote selection, no logits in memory.
         kc::BoundVoteParams bp;
+        bp.score = sp;
         bp.out = picks;
-        bp.head_max = d.head_max;
-        bp.head_inv_sum = d.head_inv_sum;
-        bp.query = d.query;
-        bp.k_cache = query.k_cache;
-        bp.kv_type = KernelKvType(query.kv_dtype);
-        bp.k_scale = query.k_scale;
-        bp.slots = query.token_slots + o.n_init;
-        bp.n = candidates;
-        bp.device_n = device_candidates;
-        bp.num_heads = c.num_heads;
-        bp.num_kv_heads = c.num_kv_heads;
-        bp.head_dim = c.head_dim;
-        bp.scale = o.scale;
         bp.k = o.k;
-        bp.skip = skip;
         bp.workspace = d.bound_workspace;
         RETURN_IF_ERROR(CudaStatus(kc::BoundVoteSelect(bp, s), "BoundVoteSelect"));
       } else {
-        kc::KeyScoreParams sp;
-        sp.logits = d.logits;
-        sp.head_max = d.head_max;
-        sp.head_inv_sum = d.head_inv_sum;
-        sp.query = d.query;
-        sp.k_cache = query.k_cache;
-        sp.kv_type = KernelKvType(query.kv_dtype);
-        sp.k_scale = query.k_scale;
-        sp.slots = query.token_slots + o.n_init;
-        sp.workspace = d.score_workspace;
-        sp.n = candidates;
-        sp.device_n = device_candidates;
-        sp.num_heads = c.num_heads;
-        sp.num_kv_heads = c.num_kv_heads;
-        sp.head_dim = c.head_dim;
-        sp.scale = o.scale;
-        sp.skip = skip;
         RETURN_IF_ERROR(CudaStatus(kc::ScoreKeys(sp, s), "ScoreKeys"));
         const bool soft_vote = o.policy != SelectionPolicyKind::kTopK;
         if (invariant_shards_ > 0 && soft_vote) {

@@ -45,29 +45,17 @@ BoundVoteWorkspace CarveBoundVoteWorkspace(void* workspace, int64_t n, int64_t n
 }
 
 cudaError_t BoundVoteSelect(const BoundVoteParams& p, cudaStream_t stream) {
-  if (p.n < 0 || p.k < 0 || p.out == nullptr || p.head_max == nullptr ||
-      p.head_inv_sum == nullptr || p.workspace == nullptr ||
-      !BoundVoteSupported(p.num_heads, p.num_kv_heads, p.head_dim)) {
+  const KeyScoreParams& in = p.score;
+  if (in.n < 0 || p.k < 0 || p.out == nullptr || in.head_max == nullptr ||
+      in.head_inv_sum == nullptr || p.workspace == nullptr ||
+      !BoundVoteSupported(in.num_heads, in.num_kv_heads, in.head_dim)) {
     return cudaErrorInvalidValue;
   }
-  if (p.n == 0 || p.k == 0) return cudaSuccess;
-  const BoundVoteWorkspace w = CarveBoundVoteWorkspace(p.workspace, p.n, p.num_heads);
-  KeyScoreParams sp;
-  sp.head_max = p.head_max;
-  sp.head_inv_sum = p.head_inv_sum;
-  sp.query = p.query;
-  sp.k_cache = p.k_cache;
-  sp.kv_type = p.kv_type;
-  sp.k_scale = p.k_scale;
-  sp.slots = p.slots;
+  if (in.n == 0 || p.k == 0) return cudaSuccess;
+  const BoundVoteWorkspace w = CarveBoundVoteWorkspace(p.workspace, in.n, in.num_heads);
+  KeyScoreParams sp = in;
+  sp.logits = nullptr;
   sp.workspace = w.score_workspace;
-  sp.n = p.n;
-  sp.device_n = p.device_n;
-  sp.num_heads = p.num_heads;
-  sp.num_kv_heads = p.num_kv_heads;
-  sp.head_dim = p.head_dim;
-  sp.scale = p.scale;
-  sp.skip = p.skip;
   sp.vote_bound = w.bound;
   sp.vote_top = w.top_term;
   sp.sample_max = w.sample_max;
@@ -75,31 +63,22 @@ cudaError_t BoundVoteSelect(const BoundVoteParams& p, cudaStream_t stream) {
   TS_CUDA_RETURN_IF_ERROR(ScoreKeys(sp, stream));
   if (p.launches < 2) return cudaSuccess;
   TopKParams screen;
+  screen.out = p.out;
   screen.scores = w.bound;
   screen.workspace = w.top_k_workspace;
-  screen.n = p.n;
-  screen.device_n = p.device_n;
+  screen.n = sp.n;
+  screen.device_n = sp.device_n;
   screen.k = p.k;
-  screen.skip = p.skip;
+  screen.skip = sp.skip;
   TopKParams::Screen& sc = screen.screen;
   sc.cand_index = w.cand_index;
   sc.cand_slots = w.cand_slots;
   sc.count = w.count;
-  sc.slots = p.slots;
+  sc.cand_vote = w.cand_vote;
   sc.top_term = w.top_term;
   sc.sample_max = w.sample_max;
   sc.sample_inv_sum = w.sample_inv_sum;
-  sc.head_max = p.head_max;
-  sc.head_inv_sum = p.head_inv_sum;
-  sc.num_heads = p.num_heads;
-  sc.cand_vote = w.cand_vote;
-  sc.query = p.query;
-  sc.k_cache = p.k_cache;
-  sc.kv_type = p.kv_type;
-  sc.k_scale = p.k_scale;
-  sc.num_kv_heads = p.num_kv_heads;
-  sc.scale = p.scale;
-  screen.out = p.out;  // the picks too (one block, after a grid barrier)
+  sc.keys = sp;
   return TopK(screen, stream);
 }
 

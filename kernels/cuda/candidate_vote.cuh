@@ -1,5 +1,5 @@
-// One warp's soft vote of one candidate token, scored on CUDA cores (CandidateVote in
-// candidate_vote.cu, and TopK's screen mode, which scores the candidates it lists: top_k.cu).
+// One warp's soft vote of one candidate token, scored on CUDA cores: TopK's screen mode scores
+// the candidates it lists with it (top_k.cu, BoundVoteSelect's second launch).
 //
 // The row's kKv kv heads x 128 dims are split over the 32 lanes, kLanes = 32 / kKv lanes to a
 // kv head, kDims = 128 / kLanes consecutive dims each (4 to 32). A lane dots its dims with the

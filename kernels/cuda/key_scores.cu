@@ -470,10 +470,6 @@ cudaError_t ScoreKeys(const KeyScoreParams& p, cudaStream_t stream) {
   return DispatchDim<false>(p, group, stream);
 }
 
-bool BoundVoteSupported(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
-  return score_internal::BoundVoteShape(num_heads, num_kv_heads, head_dim);
-}
-
 cudaError_t VoteFromLogits(const VoteParams& p, cudaStream_t stream) {
   if (p.n < 0 || p.num_heads <= 0 || p.num_heads > 4096) return cudaErrorInvalidValue;
   if (p.n == 0) return cudaSuccess;

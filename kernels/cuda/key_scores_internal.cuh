@@ -192,7 +192,6 @@ __device__ __forceinline__ bool FinishScoreStats(const KeyScoreParams& p,
 // The tensor-core kernel (key_scores_mma.cu) for the shapes it covers; cudaErrorNotSupported for
 // the others (the caller then uses the lane kernel).
 cudaError_t LaunchScoreKeysMma(const KeyScoreParams& p, cudaStream_t stream);
-bool BoundVoteShape(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 
 }  // namespace tokenselect::kernels::cuda::score_internal
 

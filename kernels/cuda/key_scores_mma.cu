@@ -494,8 +494,13 @@ cudaError_t LaunchScoreKeysMma(const KeyScoreParams& p, cudaStream_t stream) {
 
 cudaError_t ConfigureScoreKeysMmaKernels() { return Configure<false, 2, false>(); }
 
-bool BoundVoteShape(int64_t num_heads, int64_t kv, int64_t head_dim) {
-  return MmaShape(num_heads, kv, head_dim);
+}  // namespace tokenselect::kernels::cuda::score_internal
+
+namespace tokenselect::kernels::cuda {
+
+// The bound mode is the tensor-core kernel's (selection.h).
+bool BoundVoteSupported(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+  return score_internal::MmaShape(num_heads, num_kv_heads, head_dim);
 }
 
-}  // namespace tokenselect::kernels::cuda::score_internal
+}  // namespace tokenselect::kernels::cuda

@@ -157,40 +157,29 @@ struct TopKParams {
   // added by the VoteFromLogits call with this workspace as top_k_workspace, with the same n,
   // device_n and skip. (The call clears it, as every call leaves the workspace zeroed.)
   bool histogram_ready = false;
-  // Optional: out gets index_map[i] instead of i (ascending when index_map is).
-  const int32_t* index_map = nullptr;
-  // Screen mode (ScoreKeys' bound-vote mode ahead), when screen.cand_index is set: scores are
-  // ScoreKeys' vote_bound, and with a_h as in KeyScoreParams::vote_bound (from the four
-  // statistics arrays) each token's exact soft vote lies between a lower and an upper bound
-  // (its top term over its own head's a_h, the rest over the extremes). With T the k-th largest
-  // lower bound, every j whose upper bound reaches T goes to cand_index (ascending), its slot to
-  // cand_slots, their number to *count: every token of the exact soft vote's top k (ties
-  // included) is a candidate. Degenerate statistics (non-finite) make every j one. With
-  // cand_vote set the kernel also scores the candidates and writes the top k of their votes
-  // to out (BoundVoteSelect); without, out is not written.
+  // Screen mode (BoundVoteSelect's second launch, after ScoreKeys in bound mode), when
+  // screen.cand_index is set: scores are ScoreKeys' vote_bound, and with a_h as in
+  // KeyScoreParams::vote_bound (from the sample's and the full statistics) each token's exact
+  // soft vote lies between a lower and an upper bound (its top term over its own head's a_h,
+  // the rest over the extremes). With T the k-th largest lower bound, every j whose upper bound
+  // reaches T goes to cand_index (ascending), its slot to cand_slots, their number to *count:
+  // every token of the exact soft vote's top k (ties included) is a candidate. Degenerate
+  // statistics (non-finite) make every j one. The block that lists a candidate scores it
+  // (candidate_vote.cuh: fp32 dots on CUDA cores, then VoteFromLogits' arithmetic) into
+  // cand_vote, and after a grid barrier one block writes the top k of those votes to out as
+  // token indices (ascending).
   struct Screen {
     int32_t* cand_index = nullptr;
     int32_t* cand_slots = nullptr;
     int32_t* count = nullptr;
-    const int32_t* slots = nullptr;
+    float* cand_vote = nullptr;
     const uint32_t* top_term = nullptr;  // KeyScoreParams::vote_top
     const float* sample_max = nullptr;
     const float* sample_inv_sum = nullptr;
-    const float* head_max = nullptr;
-    const float* head_inv_sum = nullptr;
-    int64_t num_heads = 0;
-    // Optional: the candidates' exact soft votes (cand_vote[i] for cand_index[i]), scored by
-    // the block that lists them (candidate_vote.cuh: fp32 dots on CUDA cores, VoteFromLogits'
-    // arithmetic, head_max / head_inv_sum above); with out set too, their top k, picked by one
-    // block after a grid barrier and written to out as cand_index entries. The keys and query
-    // as KeyScoreParams; head_dim 128, 4 query heads per kv head (BoundVoteSupported).
-    float* cand_vote = nullptr;
-    const float* query = nullptr;
-    const void* k_cache = nullptr;
-    KvCacheType kv_type = KvCacheType::kBf16;
-    const float* k_scale = nullptr;
-    int64_t num_kv_heads = 0;
-    float scale = 1.0f;
+    // The bound-mode ScoreKeys call ahead: its query, keys, slots, shape, scale and full
+    // statistics (head_max / head_inv_sum) are read; head_dim 128 and 4 query heads per kv
+    // head (BoundVoteSupported).
+    KeyScoreParams keys;
   } screen;
 };
 
@@ -216,24 +205,14 @@ cudaError_t TopK(const TopKParams& params, cudaStream_t stream);
 // shapes only (BoundVoteSupported). Both kernels are cooperative. skip and device_n as
 // elsewhere.
 struct BoundVoteParams {
+  // The inputs as for ScoreKeys (query, keys, slots, n, device_n, shape, scale, skip), and
+  // head_max / head_inv_sum, written as ScoreKeys writes them. Its logits, workspace and
+  // bound-mode fields are not read: the workspace below holds their place.
+  KeyScoreParams score;
   int32_t* out = nullptr;               // [min(k, n)]: picked token indices, ascending
-  float* head_max = nullptr;            // [num_heads] (written as ScoreKeys writes them)
-  float* head_inv_sum = nullptr;        // [num_heads]
-  const float* query = nullptr;         // as KeyScoreParams (16-byte aligned)
-  const void* k_cache = nullptr;
-  KvCacheType kv_type = KvCacheType::kBf16;
-  const float* k_scale = nullptr;
-  const int32_t* slots = nullptr;       // [n]
-  int64_t n = 0;                        // a bound when device_n is set
-  DeviceLength device_n;
-  int64_t num_heads = 0;
-  int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;
-  float scale = 1.0f;
   int64_t k = 0;
-  const int32_t* skip = nullptr;
-  // BoundVoteWorkspaceBytes(n, num_heads) bytes, zeroed once after allocation (the launches
-  // leave its counters zeroed). Its parts: BoundVoteWorkspace.
+  // BoundVoteWorkspaceBytes(score.n, score.num_heads) bytes, zeroed once after allocation (the
+  // launches leave its counters zeroed). Its parts: BoundVoteWorkspace.
   void* workspace = nullptr;
   int launches = 2;                     // benchmarks: 1 stops after the scoring
 };

@@ -263,49 +263,40 @@ template <bool kScreen>
 __global__ void __launch_bounds__(kThreads, 1)
     RadixSelectKernel(int32_t* __restrict__ out, const float* __restrict__ scores, int64_t n,
                       DeviceLength device_n, uint32_t k, uint32_t* __restrict__ ws,
-                      const int32_t* skip, bool histogram_ready,
-                      const int32_t* __restrict__ index_map, TopKParams::Screen screen) {
+                      const int32_t* skip, bool histogram_ready, TopKParams::Screen screen) {
   PdlWait();  // launched as a dependent of the vote (or whatever preceded it)
   if (Skipped(skip)) return;
   n = ResolveLength(device_n, n);
-  constexpr bool screening = kScreen;
-  auto mapped = [&](int64_t i) {
-    return index_map != nullptr ? index_map[i] : static_cast<int32_t>(i);
-  };
   __shared__ uint32_t hist[kTopBins];
-  // Screen mode with cand_vote: the query staged for candidate_vote::SoftVote and the heads'
-  // statistics, before the passes (the scoring after the compaction waits for neither).
+  // Screen mode: the query staged for candidate_vote::SoftVote and the heads' statistics,
+  // before the passes (the scoring after the compaction waits for neither).
   __shared__ float4 sm_q[kScreen ? candidate_vote::kQueryVecs : 1];
   __shared__ float sm_m[32], sm_inv[32];
-  const bool scoring = kScreen && screen.cand_vote != nullptr;
   if constexpr (kScreen) {
-    if (scoring) {
-      candidate_vote::DispatchShape(
-          screen.kv_type == KvCacheType::kFp8E4M3, screen.num_kv_heads,
-          [&](auto, auto kv_heads) {
-            constexpr int kKv = decltype(kv_heads)::value;
-            candidate_vote::StageQuery<kKv>(sm_q, screen.query, threadIdx.x, blockDim.x);
-          });
-      if (threadIdx.x < screen.num_heads) {
-        sm_m[threadIdx.x] = __ldcg(screen.head_max + threadIdx.x);
-        sm_inv[threadIdx.x] = __ldcg(screen.head_inv_sum + threadIdx.x);
-      }
+    candidate_vote::DispatchShape(
+        screen.keys.kv_type == KvCacheType::kFp8E4M3, screen.keys.num_kv_heads,
+        [&](auto, auto kv_heads) {
+          constexpr int kKv = decltype(kv_heads)::value;
+          candidate_vote::StageQuery<kKv>(sm_q, screen.keys.query, threadIdx.x, blockDim.x);
+        });
+    if (threadIdx.x < screen.keys.num_heads) {
+      sm_m[threadIdx.x] = __ldcg(screen.keys.head_max + threadIdx.x);
+      sm_inv[threadIdx.x] = __ldcg(screen.keys.head_inv_sum + threadIdx.x);
     }
   }
-  // Screen mode with cand_vote: this block's warps score candidates first, first + step, ...
-  // below `end` (slot(c) their cache slots, visible to the block: the caller synchronised).
+  // Screen mode: this block's warps score candidates first, first + step, ... below `end`
+  // (slot(c) their cache slots, visible to the block: the caller synchronised).
   auto score_candidates = [&](int64_t first, int64_t step, int64_t end, auto&& slot) {
     if constexpr (kScreen) {
-      if (!scoring) return;
       __syncthreads();  // the staged query
       candidate_vote::DispatchShape(
-          screen.kv_type == KvCacheType::kFp8E4M3, screen.num_kv_heads,
+          screen.keys.kv_type == KvCacheType::kFp8E4M3, screen.keys.num_kv_heads,
           [&](auto fp8, auto kv_heads) {
             constexpr bool kFp8 = decltype(fp8)::value;
             constexpr int kKv = decltype(kv_heads)::value;
             for (int64_t c = first; c < end; c += step) {
               const float v = candidate_vote::SoftVote<kFp8, kKv>(
-                  sm_q, sm_m, sm_inv, screen.k_cache, screen.k_scale, slot(c), screen.scale);
+                  sm_q, sm_m, sm_inv, screen.keys.k_cache, screen.keys.k_scale, slot(c), screen.keys.scale);
               if ((threadIdx.x & 31) == 0) screen.cand_vote[c] = v;
             }
           });
@@ -314,9 +305,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The key row of a candidate-to-be into L2 (sm_90: one bulk prefetch; before, 128-byte line
   // prefetches), so that its scoring after the list is complete finds it there.
   const int64_t row_bytes =
-      screen.num_kv_heads * candidate_vote::kD * (screen.kv_type == KvCacheType::kFp8E4M3 ? 1 : 2);
+      screen.keys.num_kv_heads * candidate_vote::kD * (screen.keys.kv_type == KvCacheType::kFp8E4M3 ? 1 : 2);
   auto prefetch_row = [&](int64_t i) {
-    const char* row = static_cast<const char*>(screen.k_cache) + screen.slots[i] * row_bytes;
+    const char* row = static_cast<const char*>(screen.keys.k_cache) + screen.keys.slots[i] * row_bytes;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row),
                  "r"(static_cast<uint32_t>(row_bytes))
@@ -330,21 +321,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (k >= n) {  // the same branch in every block: no barrier is left waiting
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      if (screening) {
+      out[i] = static_cast<int32_t>(i);  // in screen mode every candidate is a pick
+      if constexpr (kScreen) {
         screen.cand_index[i] = static_cast<int32_t>(i);
-        screen.cand_slots[i] = screen.slots[i];
-        if (out != nullptr) out[i] = static_cast<int32_t>(i);  // every candidate is a pick
-      } else {
-        out[i] = mapped(i);
+        screen.cand_slots[i] = screen.keys.slots[i];
       }
     }
-    if (screening && blockIdx.x == 0 && threadIdx.x == 0) {
+    if (kScreen && blockIdx.x == 0 && threadIdx.x == 0) {
       *screen.count = static_cast<int32_t>(n);
     }
     // Every token is a candidate: the grid's warps score them all, from the slots given.
     score_candidates(static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5),
                      static_cast<int64_t>(gridDim.x) * kWarps, n,
-                     [&](int64_t c) { return screen.slots[c]; });
+                     [&](int64_t c) { return screen.keys.slots[c]; });
     // The vote's histogram, unused, is cleared for the next call.
     if (histogram_ready && blockIdx.x == 0) {
       for (int b = threadIdx.x; b < kTopBins; b += blockDim.x) ws[kHist0 + b] = 0u;
@@ -381,8 +370,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < 32) {
       const int h = threadIdx.x;
       float v = 1.0f;
-      if (h < screen.num_heads) {
-        const float exact = __ldcg(screen.head_max + h) - logf(__ldcg(screen.head_inv_sum + h));
+      if (h < screen.keys.num_heads) {
+        const float exact = __ldcg(screen.keys.head_max + h) - logf(__ldcg(screen.keys.head_inv_sum + h));
         const float provisional =
             __ldcg(screen.sample_max + h) - logf(__ldcg(screen.sample_inv_sum + h));
         v = expf(provisional - exact);
@@ -394,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     inv_lo = INFINITY;
     inv_hi = 0.0f;
-    for (int h = 0; h < screen.num_heads; ++h) {
+    for (int h = 0; h < screen.keys.num_heads; ++h) {
       inv_lo = fminf(inv_lo, inv_a[h]);
       inv_hi = fmaxf(inv_hi, inv_a[h]);
     }
@@ -593,7 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for_each_upper([&](uint32_t key, int64_t i, bool valid) {
       const bool pass = valid && key >= cut;
       passed += __popc(__ballot_sync(0xffffffffu, pass));
-      if (scoring && pass) prefetch_row(i);
+      if (pass) prefetch_row(i);
     });
     if (lane == 0) warp_counts[0][warp] = passed;
     __syncthreads();
@@ -613,10 +602,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t block_first = run;
     const uint32_t total = BlockSum(all_part);
     PdlAllowDependents();
-    // With cand_vote and out, the picks too: a grid barrier after the scoring, then block 0.
-    const bool finish = scoring && out != nullptr;
-    uint32_t arrived = 0;
-    if (!finish && threadIdx.x == 0) arrived = atomicAdd(&ws[kDone], 1u);
     for (int w = 0; w < warp; ++w) run += warp_counts[0][w];
     for_each_upper([&](uint32_t key, int64_t i, bool valid) {
       const bool pass = valid && key >= cut;
@@ -624,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (pass) {
         const uint32_t at = run + __popc(pass_mask & below);
         screen.cand_index[at] = static_cast<int32_t>(i);
-        screen.cand_slots[at] = screen.slots[i];
+        screen.cand_slots[at] = screen.keys.slots[i];
       }
       run += __popc(pass_mask);
     });
@@ -636,13 +621,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // the list entries written above are visible to the block
     score_candidates(block_first + warp, kWarps, block_first + block_count,
                      [&](int64_t c) { return screen.cand_slots[c]; });
-    if (finish) {
-      GridBarrier(barrier, ++barriers * blocks);  // every candidate's vote is written
-      if (blockIdx.x == 0) {
-        SelectFromList(screen.cand_vote, screen.cand_index, total, k, out, hist);
-      }
-      if (threadIdx.x == 0) arrived = atomicAdd(&ws[kDone], 1u);
-    }
+    // The picks: a grid barrier (every candidate's vote is written), then block 0.
+    GridBarrier(barrier, ++barriers * blocks);
+    if (blockIdx.x == 0) SelectFromList(screen.cand_vote, screen.cand_index, total, k, out, hist);
+    uint32_t arrived = 0;
+    if (threadIdx.x == 0) arrived = atomicAdd(&ws[kDone], 1u);
     __shared__ bool screen_last;
     if (threadIdx.x == 0) screen_last = arrived == blocks - 1;
     __syncthreads();
@@ -703,7 +686,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t greater_before = greater_run + __popc(greater_mask & below);
     const uint32_t equal_before = equal_run + __popc(equal_mask & below);
     if (is_greater || (is_equal && equal_before < need)) {
-      out[greater_before + min(equal_before, need)] = mapped(i);
+      out[greater_before + min(equal_before, need)] = static_cast<int32_t>(i);
     }
     greater_run += __popc(greater_mask);
     equal_run += __popc(equal_mask);
@@ -733,23 +716,18 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   // The histograms are read as 16-byte vectors.
   if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) return cudaErrorInvalidValue;
   const int64_t k = std::min(p.k, p.n);
+  // Screen mode: BoundVoteSelect's second launch (its arrays and a tensor-core shape).
   const bool screening = p.screen.cand_index != nullptr;
-  if (screening &&
-      (k == 0 || p.screen.cand_slots == nullptr || p.screen.count == nullptr ||
-       p.screen.slots == nullptr || p.screen.sample_max == nullptr ||
-       p.screen.sample_inv_sum == nullptr || p.screen.head_max == nullptr ||
-       p.screen.head_inv_sum == nullptr || p.screen.top_term == nullptr ||
-       p.screen.num_heads <= 0 || p.screen.num_heads > 32)) {
-    return cudaErrorInvalidValue;
-  }
-  if (screening && p.screen.cand_vote != nullptr) {
+  if (screening) {
     const TopKParams::Screen& sc = p.screen;
-    const int64_t kv = sc.num_kv_heads;
-    if (sc.query == nullptr || sc.k_cache == nullptr ||
-        reinterpret_cast<uintptr_t>(sc.query) % 16 != 0 ||
-        !(kv == 1 || kv == 2 || kv == 4 || kv == 8) ||
-        sc.num_heads != candidate_vote::kG * kv ||
-        (sc.kv_type == KvCacheType::kFp8E4M3 && sc.k_scale == nullptr)) {
+    const KeyScoreParams& keys = sc.keys;
+    if (k == 0 || p.out == nullptr || sc.cand_slots == nullptr || sc.count == nullptr ||
+        sc.cand_vote == nullptr || sc.top_term == nullptr || sc.sample_max == nullptr ||
+        sc.sample_inv_sum == nullptr || keys.slots == nullptr || keys.head_max == nullptr ||
+        keys.head_inv_sum == nullptr || keys.query == nullptr || keys.k_cache == nullptr ||
+        reinterpret_cast<uintptr_t>(keys.query) % 16 != 0 ||
+        !BoundVoteSupported(keys.num_heads, keys.num_kv_heads, keys.head_dim) ||
+        (keys.kv_type == KvCacheType::kFp8E4M3 && keys.k_scale == nullptr)) {
       return cudaErrorInvalidValue;
     }
   }
@@ -762,8 +740,7 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
     }
     return cudaSuccess;
   }
-  if (k == p.n && p.device_n.count == nullptr && !p.histogram_ready && !screening &&
-      p.index_map == nullptr) {
+  if (k == p.n && p.device_n.count == nullptr && !p.histogram_ready && !screening) {
     const int64_t blocks = std::min<int64_t>((p.n + kThreads - 1) / kThreads, 4096);
     IotaKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(p.out, p.n, p.skip);
     return cudaGetLastError();
@@ -783,12 +760,10 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   uint32_t kk = static_cast<uint32_t>(k);
   const int32_t* skip = p.skip;
   bool ready = p.histogram_ready;
-  const int32_t* index_map = p.index_map;
   TopKParams::Screen screen = p.screen;
   return LaunchPdl(screening ? RadixSelectKernel<true> : RadixSelectKernel<false>,
                    dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
-                   /*cooperative=*/true, out, scores, n, device_n, kk, ws, skip, ready, index_map,
-                   screen);
+                   /*cooperative=*/true, out, scores, n, device_n, kk, ws, skip, ready, screen);
 }
 
 }  // namespace tokenselect::kernels::cuda

@@ -161,19 +161,10 @@ TEST_P(BoundVoteGpuTest, PicksTheSoftVotesTopK) {
   DeviceBuffer<float> b_max(heads), b_inv(heads);
   DeviceBuffer<int32_t> got(static_cast<size_t>(picks));
   BoundVoteParams bp;
+  bp.score = sp;  // the plain chain's inputs, its own statistics
+  bp.score.head_max = b_max.get();
+  bp.score.head_inv_sum = b_inv.get();
   bp.out = got.get();
-  bp.head_max = b_max.get();
-  bp.head_inv_sum = b_inv.get();
-  bp.query = d_query.get();
-  bp.k_cache = k_cache;
-  bp.kv_type = kv_type;
-  bp.k_scale = k_scale.get();
-  bp.slots = d_slots.get();
-  bp.n = c.n;
-  bp.device_n = device_n;
-  bp.num_heads = heads;
-  bp.num_kv_heads = c.num_kv_heads;
-  bp.head_dim = dim;
   bp.k = c.k;
   bp.workspace = ws.get();
   // With a device length the second call is replayed from a captured CUDA graph (as the
@@ -271,29 +262,29 @@ TEST(BoundVoteGpuTest, SkipFlagWritesNothing) {
   b_max.Poison();
   b_inv.Poison();
   BoundVoteParams bp;
+  bp.score.head_max = b_max.get();
+  bp.score.head_inv_sum = b_inv.get();
+  bp.score.query = d_query.get();
+  bp.score.k_cache = d_keys.get();
+  bp.score.slots = d_slots.get();
+  bp.score.n = n;
+  bp.score.num_heads = heads;
+  bp.score.num_kv_heads = kv;
+  bp.score.head_dim = dim;
+  bp.score.skip = skip.get();
   bp.out = out.get();
-  bp.head_max = b_max.get();
-  bp.head_inv_sum = b_inv.get();
-  bp.query = d_query.get();
-  bp.k_cache = d_keys.get();
-  bp.slots = d_slots.get();
-  bp.n = n;
-  bp.num_heads = heads;
-  bp.num_kv_heads = kv;
-  bp.head_dim = dim;
   bp.k = k;
-  bp.skip = skip.get();
   bp.workspace = ws.get();
   ASSERT_EQ(BoundVoteSelect(bp, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (int32_t i : out.Download()) EXPECT_EQ(i, -1);
   for (float x : b_max.Download()) EXPECT_TRUE(std::isnan(x));
   // Unsupported shapes are refused before anything is launched.
-  bp.skip = nullptr;
-  bp.head_dim = 64;
+  bp.score.skip = nullptr;
+  bp.score.head_dim = 64;
   EXPECT_EQ(BoundVoteSelect(bp, nullptr), cudaErrorInvalidValue);
-  bp.head_dim = dim;
-  bp.num_heads = 16;  // groups of 2
+  bp.score.head_dim = dim;
+  bp.score.num_heads = 16;  // groups of 2
   EXPECT_EQ(BoundVoteSelect(bp, nullptr), cudaErrorInvalidValue);
 }
 
