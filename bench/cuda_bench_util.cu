@@ -204,7 +204,7 @@ BoundSelection::BoundSelection(const ExactSelection& exact_selection, int64_t to
   workspace.Zero();
 }
 
-cudaError_t BoundSelection::Run(cudaStream_t stream, int launches) const {
+cudaError_t BoundSelection::Run(cudaStream_t stream, int launches, bool list_candidates) const {
   kernels::cuda::BoundVoteParams p;
   p.score = exact.score;
   p.score.head_max = head_max.get();
@@ -213,6 +213,7 @@ cudaError_t BoundSelection::Run(cudaStream_t stream, int launches) const {
   p.k = k;
   p.workspace = workspace.get();
   p.launches = launches;
+  p.list_candidates = list_candidates;
   return kernels::cuda::BoundVoteSelect(p, stream);
 }
 

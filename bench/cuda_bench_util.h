@@ -97,7 +97,7 @@ struct ExactSelection {
 // that many of the two (benchmarks).
 struct BoundSelection {
   BoundSelection(const ExactSelection& exact, int64_t k);
-  cudaError_t Run(cudaStream_t stream, int launches = 2) const;
+  cudaError_t Run(cudaStream_t stream, int launches = 2, bool list_candidates = false) const;
 
   const ExactSelection& exact;
   DeviceBuffer<char> workspace;

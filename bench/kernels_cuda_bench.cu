@@ -455,7 +455,7 @@ int Main(int argc, char** argv) {
     bool use_bound = false;
     {
       all(0);
-      TS_CUDA_CHECK(bsel.Run(g_stream));
+      TS_CUDA_CHECK(bsel.Run(g_stream, 2, /*list_candidates=*/true));
       TS_CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<int32_t> want = sel.top.Download(), got = bsel.top.Download();
       const int64_t heads = sel.score.num_heads;

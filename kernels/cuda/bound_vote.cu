@@ -1,10 +1,59 @@
-// BoundVoteSelect (selection.h): the bound-vote selection's two launches over one workspace.
+// BoundVoteSelect (selection.h): the bound-vote selection's two launches over one workspace,
+// ScoreKeys in bound mode and then the screen below.
+//
+// The screen: one cooperative launch of kThreads-thread blocks, at most one per SM, over the
+// TopK workspace's layout and helpers (top_k_block.cuh). Block b owns tokens [b chunk,
+// (b + 1) chunk), warp w the w-th of kWarps equal parts of that (begin, end), lane l the tokens
+// begin + 32 u + l (tile u).
+//   load   the warp's first kTiles tiles' vote bounds and top terms (ScoreKeys' vote_bound /
+//          vote_top) into shared memory by 16-byte cp.async, one round trip (every token of
+//          1M on an H100); tokens past them are read from global memory in each pass.
+//   T      each token's lower and upper bound of its exact vote (see `bounds`) is computed
+//          where a pass needs it. Pass 0: the lower bounds' 12-bit histogram over the grid
+//          (a grid barrier), and each tile's ceiling (its largest vote bound times max(inv_a)),
+//          which lets later passes skip the tiles that cannot hold what they look for. The
+//          chosen bin B (where the count from the top reaches k): with at most kEdgeMaxInBin
+//          keys in it, T is B's lower edge (below the k-th largest lower bound: a few more
+//          candidates, no further pass); else TopK's way, B's keys listed (a second grid
+//          barrier) and two 10-bit passes over the list in every block, or with more than
+//          kMaxCandidates of them two grid-wide passes.
+//   list   every token whose upper bound reaches T (a superset of the exact top k, ties
+//          included): a counting pass, then the block's candidates in index order at the start
+//          of its own range of cand_index / cand_slots (ranges are disjoint: no grid barrier),
+//          their key rows prefetched into L2 and their slots kept in shared memory.
+//   score  the block's warps score its candidates (candidate_vote.cuh) into cand_vote.
+//   pick   every block but block 0 arrives at a last grid barrier and leaves; block 0 waits,
+//          gathers the candidates in index order (shared memory for the first kGather, then
+//          the bound arrays, read by now), writes the top k of their votes as token indices
+//          (ascending) and clears the workspace's control words.
+// Measured (thirtieth session, H100, 1M tokens, k 2048, per-phase %globaltimer stamps in a
+// scratch build): the first version, inside TopK's kernel with the bounds in registers
+// (16 tiles unrolled in every pass), took 58.7 us after the scoring: 13 us for block 0's pick
+// (its three passes and compaction read the list from global memory), 8-11 us to load the
+// bounds, a grid barrier and block scans to place the list. This one takes ~33 us: its load
+// 3 us (the query, 16 KB that every block reads, is staged after the bounds have arrived:
+// staged beside them it took the load to 5.4 us), pass 0 4.7 us, the list 3.7 us, the
+// scoring 4-6 us (the slowest block sets the barrier), the pick 7 us with its gather; the
+// selection went from 0.8016 to 0.7754 ms. Tried and dropped (no gain measured, same device
+// call): the bounds stored with an L2 evict_last policy (the scoring 2 us slower, the chain
+// within 1 us); four copies of pass 0's histogram against same-word atomics; the pick's first
+// digit from every block's histogram of its votes (global atomics) instead of its own pass;
+// warp-aggregated (__match_any_sync) atomics in the pick (slower).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
+#include "kernels/cuda/candidate_vote.cuh"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_length.h"
+#include "kernels/cuda/kernel_attributes.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/selection.h"
+#include "kernels/cuda/top_k_block.cuh"
+#include "kernels/cuda/top_k_digit.cuh"
 
 namespace tokenselect::kernels::cuda {
 namespace {
@@ -12,6 +61,538 @@ namespace {
 constexpr size_t kAlign = 256;
 
 size_t Round(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+using namespace top_k_block;  // NOLINT: the radix select's shape, layout and helpers
+using top_k_digit::OrderedKey;
+
+constexpr int kTiles = 16;                 // tiles of 32 tokens per warp in shared memory
+constexpr int kTileWords = kTiles * kThreads;
+constexpr int kGather = kTileWords;        // block 0's pick: candidates kept in shared memory
+constexpr uint32_t kEdgeMaxInBin = 2048;   // T at the chosen bin's edge up to so many keys in it
+constexpr int kBlockSlots = 1024;          // a block's candidates' slots kept in shared memory
+constexpr int kPrefetchRows = 8;           // a warp's candidates' rows prefetched into L1
+// The dynamic shared memory: the tiles' vote bounds and top terms (warp w's tiles at
+// w kTiles 32 + 32 u + lane: conflict-free); later block 0's gathered votes and token indices.
+constexpr size_t kDynamicBytes = 2 * kTileWords * sizeof(uint32_t);
+
+struct ScreenArgs {
+  int32_t* out;                 // [min(k, n)] the picks
+  float* bound;                 // [n] vote_bound (block 0's spill space once read)
+  uint32_t* top_term;           // [n] vote_top (the same)
+  int64_t n;                    // a bound when device_n is set
+  DeviceLength device_n;
+  uint32_t k;
+  uint32_t* ws;                 // TopKWorkspaceBytes
+  const int32_t* skip;
+  int32_t* cand_index;          // [n]
+  int32_t* cand_slots;          // [n]
+  float* cand_vote;             // [n]
+  int32_t* count;               // [1]
+  const float* sample_max;      // [num_heads]
+  const float* sample_inv_sum;  // [num_heads]
+  KeyScoreParams keys;          // the bound-mode ScoreKeys call ahead
+  bool list_candidates;         // BoundVoteParams::list_candidates
+};
+
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(addr), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+// A grid barrier's arrival without the wait (GridBarrier's release add).
+__device__ __forceinline__ void GridArrive(uint32_t* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+  }
+}
+
+__device__ __forceinline__ void PrefetchL1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
+// The key row of a candidate-to-be into L2 (sm_90: one bulk prefetch; before, 128-byte line
+// prefetches), so that its scoring finds it there.
+__device__ __forceinline__ void PrefetchRow(const char* row, int64_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row),
+               "r"(static_cast<uint32_t>(bytes))
+               : "memory");
+#else
+  for (int64_t b = 0; b < bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + b));
+#endif
+}
+
+// Block 0's pick (after every block's candidates are scored): the top k of `total` candidates,
+// vote_of(j) / index_of(j) for the j-th in index order, as TopK picks (radix select on
+// OrderedKey, ties to lower j), written to out ascending. hist: kTopBins words of shared memory.
+template <class VoteOf, class IndexOf>
+__device__ void PickFromList(VoteOf vote_of, IndexOf index_of, uint32_t total, uint32_t k,
+                             int32_t* out, uint32_t* hist) {
+  uint32_t threshold = 0u, mask = 0u, need = k;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 32 - kTopBits : (pass == 1 ? kLowBits : 0);
+    const int bins = pass == 0 ? kTopBins : kLowBins;
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) hist[b] = 0u;
+    __syncthreads();
+#pragma unroll 1
+    for (uint32_t j = threadIdx.x; j < total; j += blockDim.x) {
+      const uint32_t key = OrderedKey(vote_of(j));
+      if ((key & mask) == threshold) {
+        atomicAdd(&hist[(key >> shift) & static_cast<uint32_t>(bins - 1)], 1u);
+      }
+    }
+    __syncthreads();
+    auto count_of = [&](int b) { return hist[b]; };
+    const Digit d = pass == 0 ? ChooseDigit<kTopBins>(count_of, need)
+                              : ChooseDigit<kLowBins>(count_of, need);
+    threshold |= d.bin << shift;
+    need = d.remaining;
+    mask |= static_cast<uint32_t>(bins - 1) << shift;
+  }
+  // Thread t compacts candidates [t per, (t + 1) per): one scan of its counts above / at T.
+  const uint32_t per = (total + blockDim.x - 1) / blockDim.x;
+  const uint32_t first = min(total, threadIdx.x * per), last = min(total, first + per);
+  uint32_t greater = 0u, equal = 0u;
+#pragma unroll 1
+  for (uint32_t j = first; j < last; ++j) {
+    const uint32_t key = OrderedKey(vote_of(j));
+    greater += key > threshold;
+    equal += key == threshold;
+  }
+  uint32_t greater_before, equal_before;
+  BlockExclusiveScan(greater, &greater_before);
+  BlockExclusiveScan(equal, &equal_before);
+#pragma unroll 1
+  for (uint32_t j = first; j < last; ++j) {
+    const uint32_t key = OrderedKey(vote_of(j));
+    if (key > threshold || (key == threshold && equal_before < need)) {
+      out[greater_before + min(equal_before, need)] = index_of(j);
+    }
+    greater_before += key > threshold;
+    equal_before += key == threshold;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
+  PdlWait();  // launched as a dependent of the bound-mode scoring
+  if (Skipped(a.skip)) return;
+  const int64_t n = ResolveLength(a.device_n, a.n);
+  const uint32_t k = a.k;
+  const KeyScoreParams& keys = a.keys;
+  extern __shared__ uint32_t tile_words[];
+  uint32_t* const tile_vote = tile_words;             // vote bounds (float bits)
+  uint32_t* const tile_top = tile_words + kTileWords;  // top terms
+  __shared__ uint32_t hist[kTopBins];
+  __shared__ float4 sm_q[candidate_vote::kQueryVecs];
+  __shared__ float sm_m[32], sm_inv[32];
+  const bool fp8 = keys.kv_type == KvCacheType::kFp8E4M3;
+  // The query and the heads' statistics for candidate_vote::SoftVote (the caller of
+  // score_candidates waits for the copies and synchronises the block first).
+  auto stage = [&] {
+    candidate_vote::DispatchShape(fp8, keys.num_kv_heads, [&](auto, auto kv_heads) {
+      constexpr int kKv = decltype(kv_heads)::value;
+      candidate_vote::StageQuery<kKv>(sm_q, keys.query, threadIdx.x, blockDim.x);
+    });
+    if (threadIdx.x < keys.num_heads) {
+      sm_m[threadIdx.x] = __ldcg(keys.head_max + threadIdx.x);
+      sm_inv[threadIdx.x] = __ldcg(keys.head_inv_sum + threadIdx.x);
+    }
+  };
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // This block's warps score candidates first, first + step, ... below `end` (slot(c) their
+  // cache slots, vote(c, v) takes the vote; the caller synchronised the block).
+  auto score_candidates = [&](int64_t first, int64_t step, int64_t end, auto&& slot,
+                              auto&& vote) {
+    candidate_vote::DispatchShape(fp8, keys.num_kv_heads, [&](auto fp8_tag, auto kv_heads) {
+      constexpr bool kFp8 = decltype(fp8_tag)::value;
+      constexpr int kKv = decltype(kv_heads)::value;
+      // The warp's first few rows into L1 at once (their loads overlap instead of following
+      // one another).
+      constexpr int64_t kRowBytes = kKv * candidate_vote::kD * (kFp8 ? 1 : 2);
+#pragma unroll 1
+      for (int64_t c = first; c < end && c < first + kPrefetchRows * step; c += step) {
+        const char* row = static_cast<const char*>(keys.k_cache) + slot(c) * kRowBytes;
+        for (int64_t b = 128 * lane; b < kRowBytes; b += 32 * 128) PrefetchL1(row + b);
+      }
+#pragma unroll 1
+      for (int64_t c = first; c < end; c += step) {
+        const float v = candidate_vote::SoftVote<kFp8, kKv>(sm_q, sm_m, sm_inv, keys.k_cache,
+                                                            keys.k_scale, slot(c), keys.scale);
+        if (lane == 0) vote(c, v);
+      }
+    });
+  };
+  if (k >= n) {  // the same branch in every block: every token is a candidate and a pick
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      a.out[i] = static_cast<int32_t>(i);
+      a.cand_index[i] = static_cast<int32_t>(i);
+      a.cand_slots[i] = keys.slots[i];
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *a.count = static_cast<int32_t>(n);
+    stage();
+    CpAsyncWaitAll();
+    __syncthreads();
+    score_candidates(static_cast<int64_t>(blockIdx.x) * kWarps + warp,
+                     static_cast<int64_t>(gridDim.x) * kWarps, n,
+                     [&](int64_t c) { return keys.slots[c]; },
+                     [&](int64_t c, float v) { a.cand_vote[c] = v; });
+    return;
+  }
+  // With device_n the launch was planned for the bound: only the blocks the current n needs
+  // take part (TopK's rule), the others leave now.
+  const uint32_t blocks = static_cast<uint32_t>(min(
+      static_cast<int64_t>(gridDim.x), max(int64_t{1}, (n + kMinPerBlock - 1) / kMinPerBlock)));
+  if (blockIdx.x >= blocks) return;
+  int64_t chunk = (n + blocks - 1) / blocks;
+  chunk = (chunk + kThreads - 1) / kThreads * kThreads;
+  const int64_t block_begin = blockIdx.x * chunk;
+  const int64_t part = chunk / kWarps;
+  const int64_t begin = min(n, block_begin + warp * part);
+  const int64_t end = min(n, begin + part);
+  const int tiles = static_cast<int>(min(static_cast<int64_t>(kTiles), (end - begin + 31) / 32));
+
+  // Warp 0: the heads' statistics for inv_a (loaded first: every load below is then in flight
+  // at once).
+  float stat[4] = {0.0f, 1.0f, 0.0f, 1.0f};
+  if (threadIdx.x < keys.num_heads) {
+    stat[0] = __ldcg(keys.head_max + threadIdx.x);
+    stat[1] = __ldcg(keys.head_inv_sum + threadIdx.x);
+    stat[2] = __ldcg(a.sample_max + threadIdx.x);
+    stat[3] = __ldcg(a.sample_inv_sum + threadIdx.x);
+  }
+  // The warp's tiles' raw bounds and top terms: its first kTiles x 32 tokens, contiguous in
+  // shared memory (token begin + 32 u + lane at tile_base + 32 u + lane), by 16-byte copies.
+  // A copy may read up to 3 tokens past `end`: within the workspace arrays' 256-byte rounding
+  // (the copies are 16-byte aligned: begin is a multiple of 32 tokens), and never used.
+  const int tile_base = warp * (kTiles * 32);
+  const int64_t copied = min(end - begin, static_cast<int64_t>(kTiles * 32));
+#pragma unroll 1
+  for (int c = lane; 4 * c < copied; c += 32) {
+    CpAsyncCa16(&tile_vote[tile_base + 4 * c], a.bound + begin + 4 * c);
+    CpAsyncCa16(&tile_top[tile_base + 4 * c], a.top_term + begin + 4 * c);
+  }
+  for (int b = threadIdx.x; b < kTopBins; b += blockDim.x) hist[b] = 0;
+  __shared__ float inv_a[32];
+  __shared__ bool usable;
+  if (threadIdx.x < 32) {
+    const int h = threadIdx.x;
+    float v = 1.0f;
+    if (h < keys.num_heads) v = expf((stat[2] - logf(stat[3])) - (stat[0] - logf(stat[1])));
+    inv_a[h] = v;
+    const bool ok = __all_sync(0xffffffffu, isfinite(v) && v > 0.0f);
+    if (h == 0) usable = ok;
+  }
+  CpAsyncWaitAll();
+  __syncthreads();  // inv_a, usable, hist
+  float inv_lo = INFINITY, inv_hi = 0.0f;
+  for (int h = 0; h < keys.num_heads; ++h) {
+    inv_lo = fminf(inv_lo, inv_a[h]);
+    inv_hi = fmaxf(inv_hi, inv_a[h]);
+  }
+  // The bounds: with inv_a[h] = 1 / a_h, the top term e of head h and the rest
+  // r = bound - e, the exact vote lies in [e inv_a[h] + r min(inv_a), e inv_a[h] + r max(inv_a)]
+  // (widened by 1e-4 for rounding). Statistics that are not finite, or a token whose bound or
+  // top term is not (a term exp(l - C_h) past the fp32 range: a head the sample underestimated
+  // by ~88 nats), give the trivial bounds [0, largest key]: every such token a candidate, none
+  // raising T.
+  // bounds(v, top, &upper): the lower bound's key, *upper the upper bound's. Neither bound is
+  // negative or NaN, so a key is the float's bits (ordered as unsigned integers).
+  auto bounds = [&](float v, uint32_t top, uint32_t* upper) {
+    const float e = __uint_as_float(top & ~31u);
+    if (!usable || !isfinite(v) || !isfinite(e)) {  // no bounds: a candidate, T not raised
+      *upper = ~0u;
+      return 0u;
+    }
+    const float sure = e * inv_a[top & 31u];
+    const float rest = fmaxf(v - e, 0.0f);
+    *upper = __float_as_uint((sure + rest * inv_hi) * (1.0f + 1e-4f));
+    return __float_as_uint((sure + rest * inv_lo) * (1.0f - 1e-4f));
+  };
+  // A ceiling of every bound of a token with vote bound v (its key vk: v's bits, ~0u for no
+  // bounds): upper <= v max(inv_a) (1 + 1e-4) up to rounding, given a margin.
+  auto ceiling = [&](uint32_t vk) {
+    return vk == ~0u ? ~0u : __float_as_uint(__uint_as_float(vk) * inv_hi * (1.0f + 1e-3f));
+  };
+  // fn(lower, upper, index, valid) over the lane's tokens in index order, all 32 lanes
+  // together (fn may use warp votes): the tiles' bounds from their raw values in shared memory
+  // (computed where they are needed: most tiles are skipped), further tokens' from global
+  // memory. A tile whose ceiling is below `floor` holds no token whose bound reaches it: it is
+  // skipped.
+  __shared__ uint32_t tile_ceiling[kTiles * kWarps];
+  auto for_each = [&](uint32_t floor, auto&& fn) {
+#pragma unroll 1
+    for (int u = 0; u < tiles; ++u) {
+      if (tile_ceiling[u * kWarps + warp] < floor) continue;  // warp-uniform
+      const int64_t i = begin + 32 * u + lane;
+      const int at = tile_base + 32 * u + lane;
+      uint32_t lower = 0u, upper = 0u;
+      if (i < end) lower = bounds(__uint_as_float(tile_vote[at]), tile_top[at], &upper);
+      fn(lower, upper, i, i < end);
+    }
+#pragma unroll 1
+    for (int64_t t = begin + 32 * kTiles; t < end; t += 32) {
+      const int64_t i = t + lane;
+      uint32_t lower = 0u, upper = 0u;
+      if (i < end) lower = bounds(a.bound[i], a.top_term[i], &upper);
+      fn(lower, upper, i, i < end);
+    }
+  };
+  // One histogram pass over this block's lower bounds that match `prefix` under `mask`.
+  auto histogram = [&](int bins, int shift, uint32_t mask, uint32_t prefix,
+                       uint32_t* global_hist) {
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    for_each(prefix, [&](uint32_t key, uint32_t, int64_t, bool valid) {
+      if (valid && (key & mask) == prefix) {
+        atomicAdd(&hist[(key >> shift) & static_cast<uint32_t>(bins - 1)], 1u);
+      }
+    });
+    __syncthreads();
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+      if (hist[b] != 0) atomicAdd(&global_hist[b], hist[b]);
+    }
+  };
+
+  // T, the k-th largest lower bound (or a bound below it: see the edge below). The first
+  // digit's pass also finds each tile's ceiling.
+  uint32_t* const ws = a.ws;
+  uint32_t* const barrier = ws + kBarrier;
+  uint32_t barriers = 0;
+#pragma unroll 4
+  for (int u = 0; u < tiles; ++u) {
+    const int at = tile_base + 32 * u + lane;
+    uint32_t vk = 0u;
+    if (begin + 32 * u + lane < end) {
+      const uint32_t v = tile_vote[at];
+      uint32_t upper;
+      const uint32_t lower = bounds(__uint_as_float(v), tile_top[at], &upper);
+      atomicAdd(&hist[lower >> (32 - kTopBits)], 1u);
+      vk = upper == ~0u ? ~0u : v;
+    }
+    const uint32_t tile_vk = __reduce_max_sync(0xffffffffu, vk);
+    if (lane == 0) tile_ceiling[u * kWarps + warp] = ceiling(tile_vk);
+  }
+#pragma unroll 1
+  for (int64_t i = begin + 32 * kTiles + lane; i < end; i += 32) {
+    uint32_t upper;
+    atomicAdd(&hist[bounds(a.bound[i], a.top_term[i], &upper) >> (32 - kTopBits)], 1u);
+  }
+  stage();  // the query's copies, waited for before the scoring
+  __syncthreads();
+  for (int b = threadIdx.x; b < kTopBins; b += blockDim.x) {
+    if (hist[b] != 0) atomicAdd(&ws[kHist0 + b], hist[b]);
+  }
+  GridBarrier(barrier, ++barriers * blocks);
+  const Digit top = ChooseDigitGlobal<kTopBins>(ws + kHist0, k);
+  uint32_t threshold = top.bin << (32 - kTopBits), need = top.remaining;
+  uint32_t mask = ~0u << (32 - kTopBits);
+  auto take = [&](const Digit& d, int shift) {
+    threshold |= d.bin << shift;
+    need = d.remaining;
+    mask |= static_cast<uint32_t>(kLowBins - 1) << shift;
+  };
+  // The same branch in every block. A chosen bin with few keys leaves T at its lower edge (below
+  // the k-th largest lower bound: a few more candidates, and no list, barrier or further
+  // passes); else the bin's keys are listed and its low 20 bits found in every block, or with
+  // more than kMaxCandidates keys by two more grid-wide passes.
+  if (top.count <= kEdgeMaxInBin) {
+    // T stays B's lower edge.
+  } else if (top.count <= kMaxCandidates) {
+    // The keys in the chosen bin to a list, then its low 20 bits in every block.
+    const uint32_t top_bin = top.bin;
+    uint32_t* list = ws + kCand;
+    const unsigned below = (1u << lane) - 1u;
+    for_each(top_bin << (32 - kTopBits), [&](uint32_t key, uint32_t, int64_t, bool valid) {
+      const unsigned in_bin =
+          __ballot_sync(0xffffffffu, valid && (key >> (32 - kTopBits)) == top_bin);
+      if (in_bin != 0u) {
+        uint32_t slot = 0;
+        if (lane == __ffs(in_bin) - 1) slot = atomicAdd(&ws[kCandCount], __popc(in_bin));
+        slot = __shfl_sync(0xffffffffu, slot, __ffs(in_bin) - 1);
+        if ((in_bin >> lane) & 1u) list[slot + __popc(in_bin & below)] = key;
+      }
+    });
+    GridBarrier(barrier, ++barriers * blocks);
+    const int count = static_cast<int>(top.count);
+    uint32_t ckey[kCandPerThread];
+#pragma unroll
+    for (int u = 0; u < kCandPerThread; ++u) {
+      const int j = static_cast<int>(threadIdx.x) + kThreads * u;
+      ckey[u] = j < count ? __ldcg(&list[j]) : 0u;
+      if (kThreads * (u + 1) >= count) break;  // the same in every thread
+    }
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int shift = kLowBits * (1 - pass);
+      for (int b = threadIdx.x; b < kLowBins; b += blockDim.x) hist[b] = 0;
+      __syncthreads();
+#pragma unroll
+      for (int u = 0; u < kCandPerThread; ++u) {
+        const int j = static_cast<int>(threadIdx.x) + kThreads * u;
+        if (j < count && (ckey[u] & mask) == threshold) {
+          atomicAdd(&hist[(ckey[u] >> shift) & (kLowBins - 1)], 1u);
+        }
+        if (kThreads * (u + 1) >= count) break;
+      }
+      __syncthreads();
+      take(ChooseDigit<kLowBins>([&](int b) { return hist[b]; }, need), shift);
+    }
+  } else {
+    // Crowded bin: the low 20 bits by two more passes over every key.
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass) {
+      const int shift = kLowBits * (1 - pass);
+      uint32_t* global_hist = ws + (pass == 0 ? kHist1 : kHist2);
+      histogram(kLowBins, shift, mask, threshold, global_hist);
+      GridBarrier(barrier, ++barriers * blocks);
+      take(ChooseDigitGlobal<kLowBins>(global_hist, need), shift);
+    }
+  }
+  PdlAllowDependents();  // every block is resident: the kernel after may launch
+
+  // The candidates: this block's, in index order, from cand_index[block_begin] on.
+  const int64_t row_bytes = keys.num_kv_heads * candidate_vote::kD * (fp8 ? 1 : 2);
+  const uint32_t cut = threshold;
+  // Pass masks: tile u's kept in tile_pass (read back by the same warp), further tiles'
+  // computed again.
+  auto further_mask = [&](int64_t t) {
+    const int64_t i = t + lane;
+    uint32_t upper = 0u;
+    if (i < end) bounds(a.bound[i], a.top_term[i], &upper);
+    return __ballot_sync(0xffffffffu, i < end && upper >= cut);
+  };
+  __shared__ uint32_t tile_pass[kTiles * kWarps];
+  __shared__ uint32_t warp_counts[kWarps];
+  uint32_t passed = 0;
+#pragma unroll 1
+  for (int u = 0; u < tiles; ++u) {
+    uint32_t m = 0u;
+    if (tile_ceiling[u * kWarps + warp] >= cut) {  // warp-uniform
+      const int64_t i = begin + 32 * u + lane;
+      const int at = tile_base + 32 * u + lane;
+      uint32_t upper = 0u;
+      if (i < end) bounds(__uint_as_float(tile_vote[at]), tile_top[at], &upper);
+      m = __ballot_sync(0xffffffffu, i < end && upper >= cut);
+      if (i < end && upper >= cut) PrefetchL1(keys.slots + i);  // read by the listing below
+    }
+    if (lane == 0) tile_pass[u * kWarps + warp] = m;
+    passed += __popc(m);
+  }
+#pragma unroll 1
+  for (int64_t t = begin + 32 * kTiles; t < end; t += 32) passed += __popc(further_mask(t));
+  if (lane == 0) warp_counts[warp] = passed;
+  __syncthreads();
+  uint32_t run = 0, block_count = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    run += w < warp ? warp_counts[w] : 0u;
+    block_count += warp_counts[w];
+  }
+  // The block's first kBlockSlots candidates' slots also in shared memory, for the scoring.
+  __shared__ int32_t block_slots[kBlockSlots];
+  const unsigned lanes_below = (1u << lane) - 1u;
+  auto list = [&](uint32_t m, int64_t i) {
+    if ((m >> lane) & 1u) {
+      const uint32_t c = run + __popc(m & lanes_below);
+      const int32_t slot = keys.slots[i];
+      PrefetchRow(static_cast<const char*>(keys.k_cache) + slot * row_bytes, row_bytes);
+      a.cand_index[block_begin + c] = static_cast<int32_t>(i);
+      a.cand_slots[block_begin + c] = slot;
+      if (c < kBlockSlots) block_slots[c] = slot;
+    }
+    run += __popc(m);
+  };
+#pragma unroll 1
+  for (int u = 0; u < tiles; ++u) {
+    const uint32_t m = tile_pass[u * kWarps + warp];
+    if (m != 0u) list(m, begin + 32 * u + lane);
+  }
+#pragma unroll 1
+  for (int64_t t = begin + 32 * kTiles; t < end; t += 32) list(further_mask(t), t + lane);
+  if (threadIdx.x == 0) ws[kEqual + blockIdx.x] = block_count;
+  CpAsyncWaitAll();
+  __syncthreads();  // the list entries above are visible to the block; the staged query
+  score_candidates(warp, kWarps, block_count,
+                   [&](int64_t c) {
+                     return c < kBlockSlots ? block_slots[c] : a.cand_slots[block_begin + c];
+                   },
+                   [&](int64_t c, float v) { a.cand_vote[block_begin + c] = v; });
+  if (blockIdx.x != 0) {
+    GridArrive(barrier);
+    return;
+  }
+
+  // Block 0: every block's candidates, gathered in block order (which is index order).
+  GridBarrier(barrier, ++barriers * blocks);
+  __shared__ uint32_t seg_first[kMaxBlocks];  // the gathered list's first entry of block b
+  // The segments' offsets: thread t scans blocks 2t and 2t + 1 (kMaxBlocks = 2 kThreads).
+  static_assert(kMaxBlocks <= 2 * kThreads, "two blocks' counts per thread");
+  const uint32_t b0 = 2 * threadIdx.x;
+  const uint32_t c0 = b0 < blocks ? __ldcg(&ws[kEqual + b0]) : 0u;
+  const uint32_t c1 = b0 + 1 < blocks ? __ldcg(&ws[kEqual + b0 + 1]) : 0u;
+  uint32_t before;
+  const uint32_t total = BlockExclusiveScan(c0 + c1, &before);
+  if (b0 < blocks) seg_first[b0] = before;
+  if (b0 + 1 < blocks) seg_first[b0 + 1] = before + c0;
+  __syncthreads();
+  uint32_t* const g_vote = tile_vote;  // [kGather]: vote bits
+  uint32_t* const g_index = tile_top;  // [kGather]
+  float* const spill_vote = a.bound;     // entries from kGather on
+  uint32_t* const spill_index = a.top_term;
+  // Warp w copies blocks w, w + kWarps, ...: cp.async into shared memory (one round trip).
+  for (uint32_t b = warp; b < blocks; b += kWarps) {
+    const uint32_t first = seg_first[b];
+    const uint32_t c = (b + 1 < blocks ? seg_first[b + 1] : total) - first;
+    const int64_t src = static_cast<int64_t>(b) * chunk;
+    for (uint32_t e = lane; e < c; e += 32) {
+      const uint32_t j = first + e;
+      if (j < kGather) {
+        CpAsync4(&g_vote[j], a.cand_vote + src + e);
+        CpAsync4(&g_index[j], a.cand_index + src + e);
+      } else {
+        spill_vote[j] = __ldcg(a.cand_vote + src + e);
+        spill_index[j] = static_cast<uint32_t>(__ldcg(a.cand_index + src + e));
+      }
+    }
+  }
+  CpAsyncWaitAll();
+  __syncthreads();
+  auto vote_of = [&](uint32_t j) {
+    return j < kGather ? __uint_as_float(g_vote[j]) : spill_vote[j];
+  };
+  auto index_of = [&](uint32_t j) {
+    return static_cast<int32_t>(j < kGather ? g_index[j] : spill_index[j]);
+  };
+  // The list in one piece when asked (BoundVoteParams::list_candidates): cand_index /
+  // cand_vote [0, total); every read of their segments is done.
+  if (a.list_candidates) {
+    for (uint32_t j = threadIdx.x; j < total; j += kThreads) {
+      a.cand_index[j] = index_of(j);
+      a.cand_vote[j] = vote_of(j);
+    }
+  }
+  if (threadIdx.x == 0) *a.count = static_cast<int32_t>(total);
+  PickFromList(vote_of, index_of, total, k, a.out, hist);
+  // Every other block has left: block 0 clears the control words for the next call.
+  for (int w = threadIdx.x; w < kControlWords; w += blockDim.x) ws[w] = 0u;
+}
+
+cudaError_t Screen(const ScreenArgs& args, cudaStream_t stream) {
+  static std::atomic<uint64_t> configured{0};
+  TS_CUDA_RETURN_IF_ERROR(OptInSharedMemoryOnce(ScreenKernel, kDynamicBytes, &configured));
+  int device = 0, sms = 0;
+  TS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int64_t blocks = std::min<int64_t>({kMaxBlocks, sms, (args.n + kMinPerBlock - 1) / kMinPerBlock});
+  blocks = std::max<int64_t>(blocks, 1);
+  return LaunchPdl(ScreenKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
+                   kDynamicBytes, stream, /*cooperative=*/true, args);
+}
 
 }  // namespace
 
@@ -46,8 +627,11 @@ BoundVoteWorkspace CarveBoundVoteWorkspace(void* workspace, int64_t n, int64_t n
 
 cudaError_t BoundVoteSelect(const BoundVoteParams& p, cudaStream_t stream) {
   const KeyScoreParams& in = p.score;
-  if (in.n < 0 || p.k < 0 || p.out == nullptr || in.head_max == nullptr ||
-      in.head_inv_sum == nullptr || p.workspace == nullptr ||
+  if (in.n < 0 || in.n > INT32_MAX || p.k < 0 || p.out == nullptr || in.head_max == nullptr ||
+      in.head_inv_sum == nullptr || p.workspace == nullptr || in.slots == nullptr ||
+      in.query == nullptr || in.k_cache == nullptr ||
+      reinterpret_cast<uintptr_t>(in.query) % 16 != 0 ||
+      (in.kv_type == KvCacheType::kFp8E4M3 && in.k_scale == nullptr) ||
       !BoundVoteSupported(in.num_heads, in.num_kv_heads, in.head_dim)) {
     return cudaErrorInvalidValue;
   }
@@ -62,24 +646,24 @@ cudaError_t BoundVoteSelect(const BoundVoteParams& p, cudaStream_t stream) {
   sp.sample_inv_sum = w.sample_inv_sum;
   TS_CUDA_RETURN_IF_ERROR(ScoreKeys(sp, stream));
   if (p.launches < 2) return cudaSuccess;
-  TopKParams screen;
+  ScreenArgs screen;
   screen.out = p.out;
-  screen.scores = w.bound;
-  screen.workspace = w.top_k_workspace;
+  screen.bound = w.bound;
+  screen.top_term = w.top_term;
   screen.n = sp.n;
   screen.device_n = sp.device_n;
-  screen.k = p.k;
+  screen.k = static_cast<uint32_t>(std::min(p.k, sp.n));
+  screen.ws = static_cast<uint32_t*>(w.top_k_workspace);
   screen.skip = sp.skip;
-  TopKParams::Screen& sc = screen.screen;
-  sc.cand_index = w.cand_index;
-  sc.cand_slots = w.cand_slots;
-  sc.count = w.count;
-  sc.cand_vote = w.cand_vote;
-  sc.top_term = w.top_term;
-  sc.sample_max = w.sample_max;
-  sc.sample_inv_sum = w.sample_inv_sum;
-  sc.keys = sp;
-  return TopK(screen, stream);
+  screen.cand_index = w.cand_index;
+  screen.cand_slots = w.cand_slots;
+  screen.cand_vote = w.cand_vote;
+  screen.count = w.count;
+  screen.sample_max = w.sample_max;
+  screen.sample_inv_sum = w.sample_inv_sum;
+  screen.keys = sp;
+  screen.list_candidates = p.list_candidates;
+  return Screen(screen, stream);
 }
 
 }  // namespace tokenselect::kernels::cuda

@@ -1,5 +1,6 @@
-// One warp's soft vote of one candidate token, scored on CUDA cores: TopK's screen mode scores
-// the candidates it lists with it (top_k.cu, BoundVoteSelect's second launch).
+// One warp's soft vote of one candidate token, scored on CUDA cores: the bound-vote selection's
+// screen scores the candidates it lists with it (bound_vote.cu, BoundVoteSelect's second
+// launch).
 //
 // The row's kKv kv heads x 128 dims are split over the 32 lanes, kLanes = 32 / kKv lanes to a
 // kv head, kDims = 128 / kLanes consecutive dims each (4 to 32). A lane dots its dims with the
@@ -16,6 +17,8 @@
 
 #include <cstdint>
 #include <type_traits>
+
+#include "kernels/cuda/cp_async.cuh"
 
 namespace tokenselect::kernels::cuda::candidate_vote {
 
@@ -62,7 +65,8 @@ __device__ __forceinline__ void LoadPiece(const uint8_t* src, float scale, float
 // The query rearranged for the lanes' reads: float4 (g, d / 4, lane) holds dims d .. d + 3 of
 // the lane's piece for head 4 kv + g, so that a warp's 16-byte reads are 512 contiguous bytes
 // (in the natural layout every lane of a step hit the same bank: 18 us for 2.2K candidates on
-// an H200, against 10). Threads tid of nthreads share the copy; the caller synchronises.
+// an H200, against 10). Threads tid of nthreads share the copy, by cp.async (query 16-byte
+// aligned): the caller commits and waits for its copies (cp_async.cuh), then synchronises.
 template <int kKv>
 __device__ __forceinline__ void StageQuery(float4* sm_q, const float* query, int tid,
                                            int nthreads) {
@@ -70,7 +74,7 @@ __device__ __forceinline__ void StageQuery(float4* sm_q, const float* query, int
   for (int i = tid; i < kG * kKv * kD / 4; i += nthreads) {
     const int lane = i % 32, d4 = (i / 32) % (kDims / 4), g = i / 32 / (kDims / 4);
     const int kv = lane / kLanes, part = lane % kLanes;
-    sm_q[i] = *reinterpret_cast<const float4*>(query + (kv * kG + g) * kD + part * kDims + 4 * d4);
+    CpAsyncCa16(sm_q + i, query + (kv * kG + g) * kD + part * kDims + 4 * d4);
   }
 }
 

@@ -86,8 +86,8 @@ struct KeyScoreParams {
   // constants C_h, and vote_bound[j] = sum_h exp(logit[j, h] - C_h). head_max / head_inv_sum
   // are written as always (bf16 keys: the same bits as without the mode). With the exact C*_h
   // = head_max - log(head_inv_sum), the exact soft vote of j lies within
-  // [vote_bound[j] / max_h a_h, vote_bound[j] / min_h a_h], a_h = exp(C*_h - C_h): TopK's
-  // screen mode turns that into a candidate list. Launched cooperatively.
+  // [vote_bound[j] / max_h a_h, vote_bound[j] / min_h a_h], a_h = exp(C*_h - C_h):
+  // BoundVoteSelect's screen turns that into a candidate list. Launched cooperatively.
   float* vote_bound = nullptr;
   // [n]: the largest of j's 32 terms, its head in the low 5 bits (the term rounded down there):
   // the screen bounds that term by its own head's a_h and only the rest by the extremes.
@@ -157,30 +157,6 @@ struct TopKParams {
   // added by the VoteFromLogits call with this workspace as top_k_workspace, with the same n,
   // device_n and skip. (The call clears it, as every call leaves the workspace zeroed.)
   bool histogram_ready = false;
-  // Screen mode (BoundVoteSelect's second launch, after ScoreKeys in bound mode), when
-  // screen.cand_index is set: scores are ScoreKeys' vote_bound, and with a_h as in
-  // KeyScoreParams::vote_bound (from the sample's and the full statistics) each token's exact
-  // soft vote lies between a lower and an upper bound (its top term over its own head's a_h,
-  // the rest over the extremes). With T the k-th largest lower bound, every j whose upper bound
-  // reaches T goes to cand_index (ascending), its slot to cand_slots, their number to *count:
-  // every token of the exact soft vote's top k (ties included) is a candidate. Degenerate
-  // statistics (non-finite) make every j one. The block that lists a candidate scores it
-  // (candidate_vote.cuh: fp32 dots on CUDA cores, then VoteFromLogits' arithmetic) into
-  // cand_vote, and after a grid barrier one block writes the top k of those votes to out as
-  // token indices (ascending).
-  struct Screen {
-    int32_t* cand_index = nullptr;
-    int32_t* cand_slots = nullptr;
-    int32_t* count = nullptr;
-    float* cand_vote = nullptr;
-    const uint32_t* top_term = nullptr;  // KeyScoreParams::vote_top
-    const float* sample_max = nullptr;
-    const float* sample_inv_sum = nullptr;
-    // The bound-mode ScoreKeys call ahead: its query, keys, slots, shape, scale and full
-    // statistics (head_max / head_inv_sum) are read; head_dim 128 and 4 query heads per kv
-    // head (BoundVoteSupported).
-    KeyScoreParams keys;
-  } screen;
 };
 
 size_t TopKWorkspaceBytes(int64_t n);
@@ -198,9 +174,14 @@ cudaError_t TopK(const TopKParams& params, cudaStream_t stream);
 // reading the n x num_heads fp32 logits. Two launches:
 //   1. ScoreKeys in bound mode (KeyScoreParams::vote_bound): per token 8 bytes of vote bounds,
 //      and head_max / head_inv_sum as always;
-//   2. TopK in screen mode (TopKParams::Screen): the candidates - every token whose vote's upper
-//      bound reaches the k-th largest lower bound - their exact soft votes, and the top k of
-//      those, mapped back to token indices (ascending).
+//   2. the screen (bound_vote.cu): with a_h as in KeyScoreParams::vote_bound (from the sample's
+//      and the full statistics) each token's exact soft vote lies between a lower and an upper
+//      bound (its top term over its own head's a_h, the rest over the extremes). With T the k-th
+//      largest lower bound, every token whose upper bound reaches T is a candidate: every token
+//      of the exact soft vote's top k (ties included) is one. Degenerate statistics (not
+//      finite) make every token one. The candidates are scored exactly (candidate_vote.cuh:
+//      fp32 dots on CUDA cores, then VoteFromLogits' arithmetic) and the top k of those votes
+//      written as token indices (ascending).
 // Cheaper than the plain chain only for long lists (kBoundVoteMinCandidates); tensor-core
 // shapes only (BoundVoteSupported). Both kernels are cooperative. skip and device_n as
 // elsewhere.
@@ -215,19 +196,24 @@ struct BoundVoteParams {
   // launches leave its counters zeroed). Its parts: BoundVoteWorkspace.
   void* workspace = nullptr;
   int launches = 2;                     // benchmarks: 1 stops after the scoring
+  // Checks: afterwards the workspace's cand_index / cand_vote [0, *count) hold the candidates
+  // in index order with their votes (a few microseconds more; *count is always written).
+  bool list_candidates = false;
 };
 
 // The workspace's parts (CarveBoundVoteWorkspace): the bounds, the candidate list and votes.
 struct BoundVoteWorkspace {
   void* score_workspace;   // ScoreKeysWorkspaceBytes
-  void* top_k_workspace;   // TopKWorkspaceBytes
-  float* bound;            // [n] KeyScoreParams::vote_bound
-  uint32_t* top_term;      // [n] KeyScoreParams::vote_top
+  void* top_k_workspace;   // TopKWorkspaceBytes: the screen's radix select
+  float* bound;            // [n] KeyScoreParams::vote_bound (then the screen's scratch)
+  uint32_t* top_term;      // [n] KeyScoreParams::vote_top (the same)
   float* sample_max;       // [num_heads]
   float* sample_inv_sum;   // [num_heads]
-  int32_t* cand_index;     // [n]
-  int32_t* cand_slots;     // [n]
-  float* cand_vote;        // [n]
+  // [n] each: the candidates, their cache slots and votes, by the screen's blocks' ranges;
+  // with BoundVoteParams::list_candidates cand_index / cand_vote [0, *count) in index order.
+  int32_t* cand_index;
+  int32_t* cand_slots;
+  float* cand_vote;
   int32_t* count;          // [1]: the candidates
 };
 

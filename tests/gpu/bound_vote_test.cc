@@ -15,7 +15,14 @@
 //     not make has a plain vote >= t (1 - 1e-5), one it made and the bound chain did not has a
 //     plain vote <= t (1 + 1e-5), t the plain chain's k-th vote (the candidates' logits are
 //     fp32 dots, not the tensor-core kernel's bits: ~1e-6 apart);
-//   - the candidate list (the workspace's count) holds at least min(k, n) tokens.
+//   - the candidate list (the workspace's count, and with list_candidates on the first call its
+//     cand_index / cand_vote) holds at least min(k, n) tokens, ascending, each with its plain
+//     vote within 1e-4 (FP8: 1e-3; the plain logits are the tensor cores' over a rounded query,
+//     1.6e-5 and 9.6e-5 apart at most in the thirtieth session's run), and leaves out no token
+//     whose plain vote is above t (1 + 1e-5).
+// The cases reach the screen's ways to T (bound_vote.cu): the chosen bin's edge (most), the
+// bin's keys listed (flat logits, n 6000) and the crowded bin's grid-wide passes (flat logits,
+// n 40000); more candidates than block 0 keeps in shared memory (the spikes, the flat ones).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -169,11 +176,13 @@ TEST_P(BoundVoteGpuTest, PicksTheSoftVotesTopK) {
   bp.workspace = ws.get();
   // With a device length the second call is replayed from a captured CUDA graph (as the
   // engine's decode steps run it): cooperative launches with programmatic edges.
-  std::vector<int32_t> first;
+  std::vector<int32_t> first, cand_index;
+  std::vector<float> cand_vote;
   for (int call = 0; call < 2; ++call) {
     got.Poison();
     b_max.Poison();
     b_inv.Poison();
+    bp.list_candidates = call == 0;
     if (call == 1 && c.device_cut > 0) {
       cudaStream_t stream;
       ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
@@ -192,7 +201,14 @@ TEST_P(BoundVoteGpuTest, PicksTheSoftVotesTopK) {
       ASSERT_EQ(BoundVoteSelect(bp, nullptr), cudaSuccess);
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    if (call == 0) first = got.Download();
+    if (call == 0) {
+      first = got.Download();
+      const BoundVoteWorkspace listed = CarveBoundVoteWorkspace(ws.get(), c.n, heads);
+      const int32_t count = gpu_test::DownloadFrom(listed.count, 1)[0];
+      ASSERT_GT(count, 0);
+      cand_index = gpu_test::DownloadFrom(listed.cand_index, count);
+      cand_vote = gpu_test::DownloadFrom(listed.cand_vote, count);
+    }
   }
   const std::vector<int32_t> bound = got.Download(), want = plain.Download();
   EXPECT_EQ(bound, first) << "a repeated call picked differently";
@@ -224,6 +240,24 @@ TEST_P(BoundVoteGpuTest, PicksTheSoftVotesTopK) {
                       std::back_inserter(missing));
   for (int32_t i : extra) EXPECT_GE(votes[i], t * (1 - 1e-5)) << "picked " << i;
   for (int32_t i : missing) EXPECT_LE(votes[i], t * (1 + 1e-5)) << "left out " << i;
+  // The listed candidates (first call): ascending, their votes the plain ones, every pick and
+  // every token above the k-th vote among them.
+  ASSERT_EQ(static_cast<int64_t>(cand_index.size()), candidates);
+  EXPECT_TRUE(std::is_sorted(cand_index.begin(), cand_index.end()) &&
+              std::adjacent_find(cand_index.begin(), cand_index.end()) == cand_index.end());
+  std::vector<bool> listed(static_cast<size_t>(current), false);
+  for (size_t j = 0; j < cand_index.size(); ++j) {
+    const int32_t i = cand_index[j];
+    ASSERT_TRUE(i >= 0 && i < current) << i;
+    listed[static_cast<size_t>(i)] = true;
+    EXPECT_NEAR(cand_vote[j], votes[i], (c.fp8 ? 1e-3 : 1e-4) * votes[i]) << "candidate " << i;
+  }
+  for (int32_t i : bound) EXPECT_TRUE(listed[static_cast<size_t>(i)]) << "pick " << i;
+  for (int64_t i = 0; i < current; ++i) {
+    if (!listed[static_cast<size_t>(i)]) {
+      EXPECT_LE(votes[static_cast<size_t>(i)], t * (1 + 1e-5)) << "not listed " << i;
+    }
+  }
   std::printf("kv %lld %s n %lld (current %lld) k %lld std %.1f: %d candidates, %zu swaps\n",
               static_cast<long long>(c.num_kv_heads), c.fp8 ? "fp8" : "bf16",
               static_cast<long long>(c.n), static_cast<long long>(current),
@@ -235,6 +269,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BoundCase{8, false, 40000, 2048, 3.0f, 0, 0},
                       BoundCase{8, false, 40000, 2048, 0.3f, 0, 0},
                       BoundCase{8, false, 40000, 2048, 10.0f, 0, 0},
+                      BoundCase{8, false, 6000, 2048, 0.05f, 0, 0},
+                      BoundCase{8, false, 40000, 2048, 0.05f, 0, 0},
                       BoundCase{4, false, 9001, 300, 3.0f, 0, 0},
                       BoundCase{2, false, 5003, 64, 3.0f, 0, 0},
                       BoundCase{1, false, 3001, 1024, 3.0f, 0, 0},
