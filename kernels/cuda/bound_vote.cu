@@ -9,14 +9,14 @@
 //          vote_top) into shared memory by 16-byte cp.async, one round trip (every token of
 //          1M on an H100); tokens past them are read from global memory in each pass.
 //   T      each token's lower and upper bound of its exact vote (see `bounds`) is computed
-//          where a pass needs it. Pass 0: the lower bounds' 12-bit histogram over the grid
-//          (a grid barrier), and each tile's ceiling (its largest vote bound times max(inv_a)),
-//          which lets later passes skip the tiles that cannot hold what they look for. The
-//          chosen bin B (where the count from the top reaches k): with at most kEdgeMaxInBin
-//          keys in it, T is B's lower edge (below the k-th largest lower bound: a few more
-//          candidates, no further pass); else TopK's way, B's keys listed (a second grid
-//          barrier) and two 10-bit passes over the list in every block, or with more than
-//          kMaxCandidates of them two grid-wide passes.
+//          where a pass needs it. Pass 0: the lower bounds' first-digit histogram over the grid
+//          (FirstBin: 4096 bins 3% of a value wide; a grid barrier), and each tile's ceiling
+//          (its largest vote bound times max(inv_a)), which lets later passes skip the tiles
+//          that cannot hold what they look for. The chosen bin B (where the count from the top
+//          reaches k): with at most kEdgeMaxInBin keys in it, T is B's lower edge (at most 3%
+//          below the k-th largest lower bound: a few more candidates, no further pass); else
+//          TopK's way, B's keys listed (a second grid barrier) and two 10-bit passes over the
+//          list in every block, or with more than kMaxCandidates of them two grid-wide passes.
 //   list   every token whose upper bound reaches T (a superset of the exact top k, ties
 //          included): a counting pass, then the block's candidates in index order at the start
 //          of its own range of cand_index / cand_slots (ranges are disjoint: no grid barrier),
@@ -34,7 +34,10 @@
 // 3 us (the query, 16 KB that every block reads, is staged after the bounds have arrived:
 // staged beside them it took the load to 5.4 us), pass 0 4.7 us, the list 3.7 us, the
 // scoring 4-6 us (the slowest block sets the barrier), the pick 7 us with its gather; the
-// selection went from 0.8016 to 0.7754 ms. Tried and dropped (no gain measured, same device
+// selection went from 0.8016 to 0.7754-0.7768 ms. The edge: TopK's 12-bit first digit (bins
+// 12.5% wide) gave the same speed, but on loose bounds (the test's FP8 keys) 4K-39K
+// candidates of 40K against 3-5K with an exact T; with 3% bins 5-14K. An 8192-bin digit cost
+// 1.5 us. Tried and dropped (no gain measured, same device
 // call): the bounds stored with an L2 evict_last policy (the scoring 2 us slower, the chain
 // within 1 us); four copies of pass 0's histogram against same-word atomics; the pick's first
 // digit from every block's histogram of its votes (global atomics) instead of its own pass;
@@ -69,6 +72,18 @@ constexpr int kTiles = 16;                 // tiles of 32 tokens per warp in sha
 constexpr int kTileWords = kTiles * kThreads;
 constexpr int kGather = kTileWords;        // block 0's pick: candidates kept in shared memory
 constexpr uint32_t kEdgeMaxInBin = 2048;   // T at the chosen bin's edge up to so many keys in it
+// The lower bounds' digits. A lower bound is a float in [0, 32] (a soft vote sums at most 32
+// heads' probabilities), its key the float's bits: the first digit is bits 30..18 (8 exponent
+// and 5 mantissa bits, a bin 3% of a value wide) less kFirstBase, clamped to TopK's kTopBins
+// bins (bin 4094 holds [32, 33); bin 0 everything below 2^-123), then two 10-bit digits at bits
+// 8 and 0 (the second overlaps the first's low 2 bits, fixed by then).
+constexpr int kFirstShift = 18;
+constexpr int kFirstBase = 130;
+constexpr int kSecondShift = 8;  // then 0
+__device__ __forceinline__ uint32_t FirstBin(uint32_t key) {
+  return static_cast<uint32_t>(
+      min(max(static_cast<int>(key >> kFirstShift) - kFirstBase, 0), kTopBins - 1));
+}
 constexpr int kBlockSlots = 1024;          // a block's candidates' slots kept in shared memory
 constexpr int kPrefetchRows = 8;           // a warp's candidates' rows prefetched into L1
 // The dynamic shared memory: the tiles' vote bounds and top terms (warp w's tiles at
@@ -372,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
       const uint32_t v = tile_vote[at];
       uint32_t upper;
       const uint32_t lower = bounds(__uint_as_float(v), tile_top[at], &upper);
-      atomicAdd(&hist[lower >> (32 - kTopBits)], 1u);
+      atomicAdd(&hist[FirstBin(lower)], 1u);
       vk = upper == ~0u ? ~0u : v;
     }
     const uint32_t tile_vk = __reduce_max_sync(0xffffffffu, vk);
@@ -381,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
 #pragma unroll 1
   for (int64_t i = begin + 32 * kTiles + lane; i < end; i += 32) {
     uint32_t upper;
-    atomicAdd(&hist[bounds(a.bound[i], a.top_term[i], &upper) >> (32 - kTopBits)], 1u);
+    atomicAdd(&hist[FirstBin(bounds(a.bound[i], a.top_term[i], &upper))], 1u);
   }
   stage();  // the query's copies, waited for before the scoring
   __syncthreads();
@@ -390,8 +405,10 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   }
   GridBarrier(barrier, ++barriers * blocks);
   const Digit top = ChooseDigitGlobal<kTopBins>(ws + kHist0, k);
-  uint32_t threshold = top.bin << (32 - kTopBits), need = top.remaining;
-  uint32_t mask = ~0u << (32 - kTopBits);
+  // The chosen bin's lower edge (0 for the bottom bin).
+  uint32_t threshold = top.bin == 0 ? 0u : (top.bin + kFirstBase) << kFirstShift;
+  uint32_t need = top.remaining;
+  uint32_t mask = ~0u << kFirstShift;
   auto take = [&](const Digit& d, int shift) {
     threshold |= d.bin << shift;
     need = d.remaining;
@@ -401,16 +418,16 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   // the k-th largest lower bound: a few more candidates, and no list, barrier or further
   // passes); else the bin's keys are listed and its low 20 bits found in every block, or with
   // more than kMaxCandidates keys by two more grid-wide passes.
-  if (top.count <= kEdgeMaxInBin) {
-    // T stays B's lower edge.
+  if (top.count <= kEdgeMaxInBin || top.bin == 0 || top.bin == kTopBins - 1) {
+    // T stays B's lower edge (always for the clamped end bins).
   } else if (top.count <= kMaxCandidates) {
     // The keys in the chosen bin to a list, then its low 20 bits in every block.
     const uint32_t top_bin = top.bin;
     uint32_t* list = ws + kCand;
     const unsigned below = (1u << lane) - 1u;
-    for_each(top_bin << (32 - kTopBits), [&](uint32_t key, uint32_t, int64_t, bool valid) {
+    for_each(threshold, [&](uint32_t key, uint32_t, int64_t, bool valid) {
       const unsigned in_bin =
-          __ballot_sync(0xffffffffu, valid && (key >> (32 - kTopBits)) == top_bin);
+          __ballot_sync(0xffffffffu, valid && FirstBin(key) == top_bin);
       if (in_bin != 0u) {
         uint32_t slot = 0;
         if (lane == __ffs(in_bin) - 1) slot = atomicAdd(&ws[kCandCount], __popc(in_bin));
@@ -429,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
     }
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
-      const int shift = kLowBits * (1 - pass);
+      const int shift = pass == 0 ? kSecondShift : 0;
       for (int b = threadIdx.x; b < kLowBins; b += blockDim.x) hist[b] = 0;
       __syncthreads();
 #pragma unroll
@@ -447,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
     // Crowded bin: the low 20 bits by two more passes over every key.
 #pragma unroll 1
     for (int pass = 0; pass < 2; ++pass) {
-      const int shift = kLowBits * (1 - pass);
+      const int shift = pass == 0 ? kSecondShift : 0;
       uint32_t* global_hist = ws + (pass == 0 ? kHist1 : kHist2);
       histogram(kLowBins, shift, mask, threshold, global_hist);
       GridBarrier(barrier, ++barriers * blocks);
