@@ -25,8 +25,8 @@
 // (check + score, + vote, + top-k; the step without the check), to see what each kernel adds,
 // and A/B rows: the selection and the step with the top-k's own first histogram, sparse decode
 // at other split counts.
-// --crossover adds a 768K selection size (between 512K and 1M: where the engine switches to the
-// bound-vote chain, kBoundVoteMinCandidates).
+// --crossover adds a 768K selection size (between 512K, where the engine switches to the
+// bound-vote chain - kBoundVoteMinCandidates - and 1M).
 // Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only | --step-only]
 //                           [--step-parts] [--crossover]
 #include <cuda_runtime.h>

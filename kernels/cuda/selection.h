@@ -218,10 +218,13 @@ struct BoundVoteWorkspace {
 };
 
 // Where the engine switches to it (CudaSelectionAttention::Create). Selection alone against the
-// plain chain (bench_kernels_cuda --quick --crossover, twenty-ninth session): at 512K equal on an
-// H100 (0.4364 / 0.4391 ms) and slower on an H200 (0.3260 / 0.3113); at 768K faster on both
-// (0.6170 / 0.6461, 0.4523 / 0.4566); at 1M faster on both (0.7994 / 0.8534, 0.5831 / 0.6024).
-constexpr int64_t kBoundVoteMinCandidates = 768 * 1024;
+// plain chain (bench_kernels_cuda --quick --crossover, thirtieth session's screen): at 512K
+// faster on an H100 (0.4181 / 0.4395 ms) and on an H200 (0.3041 / 0.3072); at 768K (0.5960 /
+// 0.6458, 0.4244 / 0.4492) and 1M (0.7759 / 0.8530, 0.5520 / 0.5882) by more. At 128K and below
+// it is slower (32K, twenty-ninth session: 0.116 against 0.050 ms); between 128K and 512K not
+// measured. (The twenty-ninth session's screen was equal at 512K on an H100, slower on an H200:
+// the threshold was 768K.)
+constexpr int64_t kBoundVoteMinCandidates = 512 * 1024;
 
 size_t BoundVoteWorkspaceBytes(int64_t n, int64_t num_heads);
 BoundVoteWorkspace CarveBoundVoteWorkspace(void* workspace, int64_t n, int64_t num_heads);
