@@ -259,17 +259,11 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
                      [&](int64_t c, float v) { a.cand_vote[c] = v; });
     return;
   }
-  // With device_n the launch was planned for the bound: only the blocks the current n needs
-  // take part (TopK's rule), the others leave now.
-  const uint32_t blocks = static_cast<uint32_t>(min(
-      static_cast<int64_t>(gridDim.x), max(int64_t{1}, (n + kMinPerBlock - 1) / kMinPerBlock)));
-  if (blockIdx.x >= blocks) return;
-  int64_t chunk = (n + blocks - 1) / blocks;
-  chunk = (chunk + kThreads - 1) / kThreads * kThreads;
-  const int64_t block_begin = blockIdx.x * chunk;
-  const int64_t part = chunk / kWarps;
-  const int64_t begin = min(n, block_begin + warp * part);
-  const int64_t end = min(n, begin + part);
+  const BlockSplit split = SplitForBlock(n, warp);  // top_k_block.cuh
+  if (blockIdx.x >= split.blocks) return;
+  const uint32_t blocks = split.blocks;
+  const int64_t chunk = split.chunk, block_begin = split.block_begin;
+  const int64_t begin = split.begin, end = split.end;
   const int tiles = static_cast<int>(min(static_cast<int64_t>(kTiles), (end - begin + 31) / 32));
 
   // Warp 0: the heads' statistics for inv_a (loaded first: every load below is then in flight
@@ -605,8 +599,7 @@ cudaError_t Screen(const ScreenArgs& args, cudaStream_t stream) {
   int device = 0, sms = 0;
   TS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   TS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  int64_t blocks = std::min<int64_t>({kMaxBlocks, sms, (args.n + kMinPerBlock - 1) / kMinPerBlock});
-  blocks = std::max<int64_t>(blocks, 1);
+  const int64_t blocks = LaunchBlocks(args.n, sms);
   return LaunchPdl(ScreenKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
                    kDynamicBytes, stream, /*cooperative=*/true, args);
 }

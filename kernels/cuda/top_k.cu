@@ -84,18 +84,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __shared__ uint32_t warp_counts[2][kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // With device_n the launch was planned for the bound: only the blocks the current n needs
-  // (the launcher's rule) take part, the others leave now (a short candidate list under a long
-  // bound then waits on two blocks' barriers instead of one per SM).
-  const uint32_t blocks = static_cast<uint32_t>(min(
-      static_cast<int64_t>(gridDim.x), max(int64_t{1}, (n + kMinPerBlock - 1) / kMinPerBlock)));
-  if (blockIdx.x >= blocks) return;
-  int64_t chunk = (n + blocks - 1) / blocks;
-  chunk = (chunk + kThreads - 1) / kThreads * kThreads;
-  const int64_t block_begin = blockIdx.x * chunk;
-  const int64_t part = chunk / kWarps;
-  const int64_t begin = min(n, block_begin + warp * part);
-  const int64_t end = min(n, begin + part);
+  const BlockSplit split = SplitForBlock(n, warp);  // top_k_block.cuh
+  if (blockIdx.x >= split.blocks) return;
+  const uint32_t blocks = split.blocks;
+  const int64_t block_begin = split.block_begin, begin = split.begin, end = split.end;
   // Register tiles past the warp's range are neither loaded nor visited (a warp-uniform exit:
   // at 512K keys a warp has 8 of the 16 tiles).
   auto key_of = [&](int64_t i) { return OrderedKey(scores[i]); };
@@ -345,8 +337,7 @@ cudaError_t TopK(const TopKParams& p, cudaStream_t stream) {
   int device = 0, sms = 0;
   TS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   TS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  int64_t blocks = std::min<int64_t>({kMaxBlocks, sms, (p.n + kMinPerBlock - 1) / kMinPerBlock});
-  blocks = std::max<int64_t>(blocks, 1);
+  const int64_t blocks = LaunchBlocks(p.n, sms);
   uint32_t* ws = static_cast<uint32_t*>(p.workspace);
   int32_t* out = p.out;
   const float* scores = p.scores;

@@ -86,6 +86,35 @@ __device__ __forceinline__ void GridBarrier(uint32_t* counter, uint32_t target) 
   __syncthreads();
 }
 
+// The grid's split of n elements, the same in TopK's kernel and the screen. The launch has
+// LaunchBlocks(n, SMs) blocks; with a device length it was planned for the bound, and only the
+// blocks the current n needs take part (a short list under a long bound then waits on a few
+// blocks' barriers, not one per SM). Block b owns [b chunk, (b + 1) chunk) (chunk a multiple of
+// kThreads, so every warp's part is whole tiles of 32), warp w the w-th of kWarps equal parts
+// of it, [begin, end).
+__host__ __device__ inline int64_t LaunchBlocks(int64_t n, int sms) {
+  const int64_t wanted = (n + kMinPerBlock - 1) / kMinPerBlock;
+  const int64_t blocks = wanted < sms ? wanted : sms;
+  return blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
+}
+
+struct BlockSplit {
+  uint32_t blocks;  // blocks taking part; blockIdx.x >= blocks leaves
+  int64_t chunk, block_begin, part, begin, end;
+};
+
+__device__ __forceinline__ BlockSplit SplitForBlock(int64_t n, int warp) {
+  BlockSplit s;
+  s.blocks = static_cast<uint32_t>(LaunchBlocks(n, static_cast<int>(gridDim.x)));
+  s.chunk = (n + s.blocks - 1) / s.blocks;
+  s.chunk = (s.chunk + kThreads - 1) / kThreads * kThreads;
+  s.block_begin = blockIdx.x * s.chunk;
+  s.part = s.chunk / kWarps;
+  s.begin = min(n, s.block_begin + warp * s.part);
+  s.end = min(n, s.begin + s.part);
+  return s;
+}
+
 // The skip flag (selection.h): every kernel returns at once when it is set.
 __device__ __forceinline__ bool Skipped(const int32_t* skip) {
   return skip != nullptr && *skip != 0;
