@@ -109,21 +109,10 @@ struct ScreenArgs {
   bool list_candidates;         // BoundVoteParams::list_candidates
 };
 
-__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(addr), "l"(gmem) : "memory");
-}
-
+// This thread's cp.async copies committed and waited for (cp_async.cuh).
 __device__ __forceinline__ void CpAsyncWaitAll() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-}
-
-// A grid barrier's arrival without the wait (GridBarrier's release add).
-__device__ __forceinline__ void GridArrive(uint32_t* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-  }
+  CpAsyncCommit();
+  CpAsyncWait<0>();
 }
 
 __device__ __forceinline__ void PrefetchL1(const void* p) {
@@ -228,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
       constexpr int kKv = decltype(kv_heads)::value;
       // The warp's first few rows into L1 at once (their loads overlap instead of following
       // one another).
-      constexpr int64_t kRowBytes = kKv * candidate_vote::kD * (kFp8 ? 1 : 2);
+      constexpr int64_t kRowBytes = candidate_vote::RowBytes(kFp8, kKv);
 #pragma unroll 1
       for (int64_t c = first; c < end && c < first + kPrefetchRows * step; c += step) {
         const char* row = static_cast<const char*>(keys.k_cache) + slot(c) * kRowBytes;
@@ -438,22 +427,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
       ckey[u] = j < count ? __ldcg(&list[j]) : 0u;
       if (kThreads * (u + 1) >= count) break;  // the same in every thread
     }
-#pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {
-      const int shift = pass == 0 ? kSecondShift : 0;
-      for (int b = threadIdx.x; b < kLowBins; b += blockDim.x) hist[b] = 0;
-      __syncthreads();
-#pragma unroll
-      for (int u = 0; u < kCandPerThread; ++u) {
-        const int j = static_cast<int>(threadIdx.x) + kThreads * u;
-        if (j < count && (ckey[u] & mask) == threshold) {
-          atomicAdd(&hist[(ckey[u] >> shift) & (kLowBins - 1)], 1u);
-        }
-        if (kThreads * (u + 1) >= count) break;
-      }
-      __syncthreads();
-      take(ChooseDigit<kLowBins>([&](int b) { return hist[b]; }, need), shift);
-    }
+    LowDigitsOfList(&threshold, &mask, &need, ckey, count, kSecondShift, hist);
   } else {
     // Crowded bin: the low 20 bits by two more passes over every key.
 #pragma unroll 1
@@ -468,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   PdlAllowDependents();  // every block is resident: the kernel after may launch
 
   // The candidates: this block's, in index order, from cand_index[block_begin] on.
-  const int64_t row_bytes = keys.num_kv_heads * candidate_vote::kD * (fp8 ? 1 : 2);
+  const int64_t row_bytes = candidate_vote::RowBytes(fp8, keys.num_kv_heads);
   const uint32_t cut = threshold;
   // Pass masks: tile u's kept in tile_pass (read back by the same warp), further tiles'
   // computed again.
@@ -563,8 +537,8 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
     for (uint32_t e = lane; e < c; e += 32) {
       const uint32_t j = first + e;
       if (j < kGather) {
-        CpAsync4(&g_vote[j], a.cand_vote + src + e);
-        CpAsync4(&g_index[j], a.cand_index + src + e);
+        CpAsyncCa4(&g_vote[j], a.cand_vote + src + e);
+        CpAsyncCa4(&g_index[j], a.cand_index + src + e);
       } else {
         spill_vote[j] = __ldcg(a.cand_vote + src + e);
         spill_index[j] = static_cast<uint32_t>(__ldcg(a.cand_index + src + e));

@@ -27,6 +27,11 @@ constexpr int kG = 4;    // query heads per kv head
 // The staged query's size: 32 heads x 128 fp32.
 constexpr int kQueryVecs = 32 * kD / 4;
 
+// A key cache row's bytes: kv heads x 128 dims of bf16 or FP8.
+__host__ __device__ constexpr int64_t RowBytes(bool fp8, int64_t kv_heads) {
+  return kv_heads * kD * (fp8 ? 1 : 2);
+}
+
 // kDims values of one lane's key piece as floats (FP8: times the kv head's scale), read as
 // 4- to 64-byte words (the piece's size: aligned, as the cache rows are).
 template <bool kFp8, int kDims>
@@ -88,7 +93,7 @@ __device__ __forceinline__ float SoftVote(const float4* sm_q, const float* sm_m,
   const int lane = threadIdx.x & 31;
   const int kv = lane / kLanes, part = lane % kLanes;
   const uint8_t* src = static_cast<const uint8_t*>(k_cache) +
-                       static_cast<int64_t>(slot) * (kKv * kD * kElem) +
+                       static_cast<int64_t>(slot) * RowBytes(kFp8, kKv) +
                        (kv * kD + part * kDims) * kElem;
   float k[kDims];
   LoadPiece<kFp8, kDims>(src, kFp8 ? k_scale[kv] : 1.0f, k);

@@ -197,22 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     // The low 20 bits in two 10-bit passes over the list, in shared memory.
-#pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {
-      const int shift = kLowBits * (1 - pass);
-      for (int b = threadIdx.x; b < kLowBins; b += blockDim.x) hist[b] = 0;
-      __syncthreads();
-#pragma unroll
-      for (int u = 0; u < kCandPerThread; ++u) {
-        if (kThreads * u >= count) break;
-        const int j = static_cast<int>(threadIdx.x) + kThreads * u;
-        if (j < count && (ckey[u] & mask) == threshold) {
-          atomicAdd(&hist[(ckey[u] >> shift) & (kLowBins - 1)], 1u);
-        }
-      }
-      __syncthreads();
-      take(ChooseDigit<kLowBins>([&](int b) { return hist[b]; }, need), shift);
-    }
+    LowDigitsOfList(&threshold, &mask, &need, ckey, count, kLowBits, hist);
     // Offsets: the sure winners of earlier blocks, and their candidates above / at T.
     for (int b = threadIdx.x; b < static_cast<int>(blockIdx.x); b += kThreads) {
       greater_part += __ldcg(&ws[kGreater + b]);

@@ -74,10 +74,18 @@ __device__ __forceinline__ uint32_t BlockSum(uint32_t value) {
 // spins with acquire loads (gpu scope), which with the block barriers around them make each
 // block's global writes before the barrier visible to every block after it (release is
 // cumulative over what the block barrier ordered before it); no full fences.
-__device__ __forceinline__ void GridBarrier(uint32_t* counter, uint32_t target) {
+// GridArrive is the arrival alone: a block that has nothing left to wait for (the screen's
+// blocks but block 0) arrives and leaves.
+__device__ __forceinline__ void GridArrive(uint32_t* counter) {
   __syncthreads();
   if (threadIdx.x == 0) {
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+  }
+}
+
+__device__ __forceinline__ void GridBarrier(uint32_t* counter, uint32_t target) {
+  GridArrive(counter);
+  if (threadIdx.x == 0) {
     uint32_t seen;
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
@@ -194,6 +202,35 @@ __device__ Digit ChooseDigitGlobal(const uint32_t* hist, uint32_t remaining) {
   return ChooseDigitOf<kBins>(c, remaining);
 }
 
+
+// Two 10-bit digits of T below those fixed in (*threshold, *mask), at shifts first_shift and 0,
+// from a list of count <= kMaxCandidates keys that the whole block holds (ckey[u]: entry
+// threadIdx.x + kThreads u): per digit a shared-memory histogram (hist: kLowBins words) of the
+// keys that match so far, then ChooseDigit. *need (how many keys equal to T win) follows.
+__device__ __forceinline__ void LowDigitsOfList(uint32_t* threshold, uint32_t* mask,
+                                                uint32_t* need,
+                                                const uint32_t (&ckey)[kCandPerThread],
+                                                int count, int first_shift, uint32_t* hist) {
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    const int shift = pass == 0 ? first_shift : 0;
+    for (int b = threadIdx.x; b < kLowBins; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kCandPerThread; ++u) {
+      if (kThreads * u >= count) break;  // the same in every thread
+      const int j = static_cast<int>(threadIdx.x) + kThreads * u;
+      if (j < count && (ckey[u] & *mask) == *threshold) {
+        atomicAdd(&hist[(ckey[u] >> shift) & (kLowBins - 1)], 1u);
+      }
+    }
+    __syncthreads();
+    const Digit d = ChooseDigit<kLowBins>([&](int b) { return hist[b]; }, *need);
+    *threshold |= d.bin << shift;
+    *need = d.remaining;
+    *mask |= static_cast<uint32_t>(kLowBins - 1) << shift;
+  }
+}
 
 }  // namespace tokenselect::kernels::cuda::top_k_block
 
