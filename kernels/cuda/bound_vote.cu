@@ -25,7 +25,7 @@
 //   pick   every block but block 0 arrives at a last grid barrier and leaves; block 0 waits,
 //          gathers the candidates in index order (shared memory for the first kGather, then
 //          the bound arrays, read by now), writes the top k of their votes as token indices
-//          (ascending) and clears the workspace's control words.
+//          (ascending; PickFromList) and clears the workspace's control words.
 // Measured (thirtieth session, H100, 1M tokens, k 2048, per-phase %globaltimer stamps in a
 // scratch build): the first version, inside TopK's kernel with the bounds in registers
 // (16 tiles unrolled in every pass), took 58.7 us after the scoring: 13 us for block 0's pick
@@ -42,6 +42,15 @@
 // within 1 us); four copies of pass 0's histogram against same-word atomics; the pick's first
 // digit from every block's histogram of its votes (global atomics) instead of its own pass;
 // warp-aggregated (__match_any_sync) atomics in the pick (slower).
+// Thirty-first session (H100, clock64 stamps in block 0, scratch build; 1M, 2257 candidates):
+// after the last grid barrier the offsets took 0.9 us, the gather 3.2, the pick's first digit
+// 3.3, its next two digits and compaction ~4: latency-bound code run once. Ranking the chosen
+// bin's keys directly (a few dozen in a 3%-wide bin) instead of two more radix passes, and
+// one scan instead of two for the compaction: the selection 0.7768 -> 0.7760 ms at 1M, 0.4178
+// -> 0.4173 at 512K (medians of 8 runs alternating in one call). Tried and dropped: the held
+// list's keys in registers with every pass unrolled over 16 slots (0.7811 against 0.7758 ms:
+// its first digit 5 us, the rank 5 us), ChooseDigit's shared-memory counts read as 16-byte
+// vectors (0.7771 against 0.7760).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -132,53 +141,111 @@ __device__ __forceinline__ void PrefetchRow(const char* row, int64_t bytes) {
 }
 
 // Block 0's pick (after every block's candidates are scored): the top k of `total` candidates,
-// vote_of(j) / index_of(j) for the j-th in index order, as TopK picks (radix select on
-// OrderedKey, ties to lower j), written to out ascending. hist: kTopBins words of shared memory.
+// vote_of(j) / index_of(j) for the j-th in index order, as TopK picks (OrderedKey, ties to
+// lower j), written to out ascending. hist: kTopBins words of 8-byte aligned shared memory.
+// The k-th largest is found by its RankKey (the key, then the lower j): a first digit of
+// PickBin's 3%-wide bins, then, with at most kRankMax keys in the chosen bin, each of them
+// ranked against the others directly (one round: no further passes); else TopK's three radix
+// passes (12, 10 and 10 bits) and a scan for the cut among equal keys. Then one compaction.
+constexpr uint32_t kRankMax = kThreads;
+__device__ __forceinline__ uint32_t PickBin(uint32_t key) {  // monotone in key
+  return key < 0x80000000u ? 0u : FirstBin(key & 0x7fffffffu);  // NaN and negatives in bin 0
+}
+__device__ __forceinline__ uint64_t RankKey(uint32_t key, uint32_t j) {
+  return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - j);
+}
+
 template <class VoteOf, class IndexOf>
 __device__ void PickFromList(VoteOf vote_of, IndexOf index_of, uint32_t total, uint32_t k,
                              int32_t* out, uint32_t* hist) {
-  uint32_t threshold = 0u, mask = 0u, need = k;
-  for (int pass = 0; pass < 3; ++pass) {
-    const int shift = pass == 0 ? 32 - kTopBits : (pass == 1 ? kLowBits : 0);
-    const int bins = pass == 0 ? kTopBins : kLowBins;
-    for (int b = threadIdx.x; b < bins; b += blockDim.x) hist[b] = 0u;
-    __syncthreads();
-#pragma unroll 1
-    for (uint32_t j = threadIdx.x; j < total; j += blockDim.x) {
-      const uint32_t key = OrderedKey(vote_of(j));
-      if ((key & mask) == threshold) {
-        atomicAdd(&hist[(key >> shift) & static_cast<uint32_t>(bins - 1)], 1u);
-      }
-    }
-    __syncthreads();
-    auto count_of = [&](int b) { return hist[b]; };
-    const Digit d = pass == 0 ? ChooseDigit<kTopBins>(count_of, need)
-                              : ChooseDigit<kLowBins>(count_of, need);
-    threshold |= d.bin << shift;
-    need = d.remaining;
-    mask |= static_cast<uint32_t>(bins - 1) << shift;
-  }
-  // Thread t compacts candidates [t per, (t + 1) per): one scan of its counts above / at T.
+  __shared__ uint64_t cut;  // the k-th largest RankKey: the picks are those at or above it
+  __shared__ uint32_t listed;
+  const int lane = threadIdx.x & 31;
+  // Thread t's share of the list for the scans: [first, last).
   const uint32_t per = (total + blockDim.x - 1) / blockDim.x;
   const uint32_t first = min(total, threadIdx.x * per), last = min(total, first + per);
-  uint32_t greater = 0u, equal = 0u;
-#pragma unroll 1
-  for (uint32_t j = first; j < last; ++j) {
-    const uint32_t key = OrderedKey(vote_of(j));
-    greater += key > threshold;
-    equal += key == threshold;
+  for (int b = threadIdx.x; b < kTopBins; b += blockDim.x) hist[b] = 0u;
+  if (threadIdx.x == 0) {
+    listed = 0u;
+    cut = 0u;  // every candidate (unreachable: the list holds at least k)
   }
-  uint32_t greater_before, equal_before;
-  BlockExclusiveScan(greater, &greater_before);
-  BlockExclusiveScan(equal, &equal_before);
+  __syncthreads();
+#pragma unroll 1
+  for (uint32_t j = threadIdx.x; j < total; j += blockDim.x) {
+    atomicAdd(&hist[PickBin(OrderedKey(vote_of(j)))], 1u);
+  }
+  __syncthreads();
+  const Digit top = ChooseDigit<kTopBins>([&](int b) { return hist[b]; }, k);
+  if (top.count <= kRankMax) {
+    // The chosen bin's keys listed (hist is free: ChooseDigit's barriers), then ranked.
+    uint64_t* const member = reinterpret_cast<uint64_t*>(hist);
+#pragma unroll 1
+    for (uint32_t j0 = threadIdx.x - lane; j0 < total; j0 += blockDim.x) {  // warp-uniform
+      const uint32_t j = j0 + lane;
+      const uint32_t key = j < total ? OrderedKey(vote_of(j)) : 0u;
+      const bool in = j < total && PickBin(key) == top.bin;
+      const unsigned in_bin = __ballot_sync(0xffffffffu, in);
+      if (in_bin == 0u) continue;
+      uint32_t slot = 0;
+      if (lane == __ffs(in_bin) - 1) slot = atomicAdd(&listed, __popc(in_bin));
+      slot = __shfl_sync(0xffffffffu, slot, __ffs(in_bin) - 1);
+      if (in) member[slot + __popc(in_bin & ((1u << lane) - 1u))] = RankKey(key, j);
+    }
+    __syncthreads();
+    if (threadIdx.x < top.count) {
+      const uint64_t mine = member[threadIdx.x];
+      uint32_t above = 0;
+#pragma unroll 4
+      for (uint32_t e = 0; e < top.count; ++e) above += member[e] > mine;
+      if (above == top.remaining - 1) cut = mine;  // exactly one: the pairs are distinct
+    }
+  } else {
+    // Crowded: TopK's three radix passes give the k-th largest key and how many keys equal to
+    // it win; the cut is the last of those in list order.
+    uint32_t threshold = 0u, mask = 0u, need = k;
+    for (int pass = 0; pass < 3; ++pass) {
+      const int shift = pass == 0 ? 32 - kTopBits : (pass == 1 ? kLowBits : 0);
+      const int bins = pass == 0 ? kTopBins : kLowBins;
+      for (int b = threadIdx.x; b < bins; b += blockDim.x) hist[b] = 0u;
+      __syncthreads();
+#pragma unroll 1
+      for (uint32_t j = threadIdx.x; j < total; j += blockDim.x) {
+        const uint32_t key = OrderedKey(vote_of(j));
+        if ((key & mask) == threshold) {
+          atomicAdd(&hist[(key >> shift) & static_cast<uint32_t>(bins - 1)], 1u);
+        }
+      }
+      __syncthreads();
+      auto count_of = [&](int b) { return hist[b]; };
+      const Digit d = pass == 0 ? ChooseDigit<kTopBins>(count_of, need)
+                                : ChooseDigit<kLowBins>(count_of, need);
+      threshold |= d.bin << shift;
+      need = d.remaining;
+      mask |= static_cast<uint32_t>(bins - 1) << shift;
+    }
+    uint32_t equal = 0u;
+#pragma unroll 1
+    for (uint32_t j = first; j < last; ++j) equal += OrderedKey(vote_of(j)) == threshold;
+    uint32_t before;
+    BlockExclusiveScan(equal, &before);
+    if (before < need && need <= before + equal) {
+#pragma unroll 1
+      for (uint32_t j = first; j < last; ++j) {
+        if (OrderedKey(vote_of(j)) == threshold && ++before == need) cut = RankKey(threshold, j);
+      }
+    }
+  }
+  __syncthreads();
+  // Thread t compacts its share: one scan of its picks.
+  const uint64_t c = cut;
+  uint32_t picks = 0u;
+#pragma unroll 1
+  for (uint32_t j = first; j < last; ++j) picks += RankKey(OrderedKey(vote_of(j)), j) >= c;
+  uint32_t at;
+  BlockExclusiveScan(picks, &at);
 #pragma unroll 1
   for (uint32_t j = first; j < last; ++j) {
-    const uint32_t key = OrderedKey(vote_of(j));
-    if (key > threshold || (key == threshold && equal_before < need)) {
-      out[greater_before + min(equal_before, need)] = index_of(j);
-    }
-    greater_before += key > threshold;
-    equal_before += key == threshold;
+    if (RankKey(OrderedKey(vote_of(j)), j) >= c) out[at++] = index_of(j);
   }
 }
 
@@ -191,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   extern __shared__ uint32_t tile_words[];
   uint32_t* const tile_vote = tile_words;             // vote bounds (float bits)
   uint32_t* const tile_top = tile_words + kTileWords;  // top terms
-  __shared__ uint32_t hist[kTopBins];
+  __shared__ __align__(8) uint32_t hist[kTopBins];  // 8-byte aligned: the pick's ranks
   __shared__ float4 sm_q[candidate_vote::kQueryVecs];
   __shared__ float sm_m[32], sm_inv[32];
   const bool fp8 = keys.kv_type == KvCacheType::kFp8E4M3;
