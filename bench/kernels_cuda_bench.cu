@@ -25,8 +25,8 @@
 // (check + score, + vote, + top-k; the step without the check), to see what each kernel adds,
 // and A/B rows: the selection and the step with the top-k's own first histogram, sparse decode
 // at other split counts.
-// --crossover adds a 768K selection size (between 512K, where the engine switches to the
-// bound-vote chain - kBoundVoteMinCandidates - and 1M).
+// --crossover adds selection sizes 256K and 384K (below 512K, where the engine switches to the
+// bound-vote chain - kBoundVoteMinCandidates) and 768K (between 512K and 1M).
 // Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only | --step-only]
 //                           [--step-parts] [--crossover]
 #include <cuda_runtime.h>
@@ -338,7 +338,7 @@ int Main(int argc, char** argv) {
   DeviceBuffer<float> d_query(query);
   const int64_t k = 2048;
   std::vector<int64_t> sizes = {32 << 10, 128 << 10, 512 << 10, 1 << 20};
-  if (crossover) sizes.insert(sizes.end() - 1, 768 << 10);
+  if (crossover) sizes = {32 << 10, 128 << 10, 256 << 10, 384 << 10, 512 << 10, 768 << 10, 1 << 20};
   for (int64_t n : sizes) {
     if (dense_only) break;
     if (step_only && n != kCacheSlots) continue;

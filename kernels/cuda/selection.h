@@ -221,9 +221,11 @@ struct BoundVoteWorkspace {
 // plain chain (bench_kernels_cuda --quick --crossover, thirtieth session's screen): at 512K
 // faster on an H100 (0.4181 / 0.4395 ms) and on an H200 (0.3041 / 0.3072); at 768K (0.5960 /
 // 0.6458, 0.4244 / 0.4492) and 1M (0.7759 / 0.8530, 0.5520 / 0.5882) by more. At 128K and below
-// it is slower (32K, twenty-ninth session: 0.116 against 0.050 ms); between 128K and 512K not
-// measured. (The twenty-ninth session's screen was equal at 512K on an H100, slower on an H200:
-// the threshold was 768K.)
+// it is slower (32K, twenty-ninth session: 0.116 against 0.050 ms). Between them (thirty-first
+// session, same bench): at 256K slower on both (H100 0.2337 / 0.2306, H200 0.1800 / 0.1682), at
+// 384K faster on an H100 (0.3246 / 0.3350) but slower on an H200 (0.2417 / 0.2399): 512K keeps
+// both on their faster chain. (The twenty-ninth session's screen was equal at 512K on an H100,
+// slower on an H200: the threshold was 768K.)
 constexpr int64_t kBoundVoteMinCandidates = 512 * 1024;
 
 size_t BoundVoteWorkspaceBytes(int64_t n, int64_t num_heads);
