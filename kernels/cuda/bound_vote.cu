@@ -22,10 +22,10 @@
 //          of its own range of cand_index / cand_slots (ranges are disjoint: no grid barrier),
 //          their key rows prefetched into L2 and their slots kept in shared memory.
 //   score  the block's warps score its candidates (candidate_vote.cuh) into cand_vote.
-//   pick   every block but block 0 arrives at a last grid barrier and leaves; block 0 waits,
-//          gathers the candidates in index order (shared memory for the first kGather, then
-//          the bound arrays, read by now), writes the top k of their votes as token indices
-//          (ascending; PickFromList) and clears the workspace's control words.
+//   pick   every block arrives at a last grid counter; all but the last to arrive leave. That
+//          one (the picker) gathers the candidates in index order (shared memory for the first
+//          kGather, then the bound arrays, read by now), writes the top k of their votes as
+//          token indices (ascending; PickFromList) and clears the workspace's control words.
 // Measured (thirtieth session, H100, 1M tokens, k 2048, per-phase %globaltimer stamps in a
 // scratch build): the first version, inside TopK's kernel with the bounds in registers
 // (16 tiles unrolled in every pass), took 58.7 us after the scoring: 13 us for block 0's pick
@@ -79,7 +79,7 @@ using top_k_digit::OrderedKey;
 
 constexpr int kTiles = 16;                 // tiles of 32 tokens per warp in shared memory
 constexpr int kTileWords = kTiles * kThreads;
-constexpr int kGather = kTileWords;        // block 0's pick: candidates kept in shared memory
+constexpr int kGather = kTileWords;        // the pick: candidates kept in shared memory
 constexpr uint32_t kEdgeMaxInBin = 2048;   // T at the chosen bin's edge up to so many keys in it
 // The lower bounds' digits. A lower bound is a float in [0, 32] (a soft vote sums at most 32
 // heads' probabilities), its key the float's bits: the first digit is bits 30..18 (8 exponent
@@ -96,12 +96,12 @@ __device__ __forceinline__ uint32_t FirstBin(uint32_t key) {
 constexpr int kBlockSlots = 1024;          // a block's candidates' slots kept in shared memory
 constexpr int kPrefetchRows = 8;           // a warp's candidates' rows prefetched into L1
 // The dynamic shared memory: the tiles' vote bounds and top terms (warp w's tiles at
-// w kTiles 32 + 32 u + lane: conflict-free); later block 0's gathered votes and token indices.
+// w kTiles 32 + 32 u + lane: conflict-free); later the picker's gathered votes and indices.
 constexpr size_t kDynamicBytes = 2 * kTileWords * sizeof(uint32_t);
 
 struct ScreenArgs {
   int32_t* out;                 // [min(k, n)] the picks
-  float* bound;                 // [n] vote_bound (block 0's spill space once read)
+  float* bound;                 // [n] vote_bound (the picker's spill space once read)
   uint32_t* top_term;           // [n] vote_top (the same)
   int64_t n;                    // a bound when device_n is set
   DeviceLength device_n;
@@ -140,7 +140,7 @@ __device__ __forceinline__ void PrefetchRow(const char* row, int64_t bytes) {
 #endif
 }
 
-// Block 0's pick (after every block's candidates are scored): the top k of `total` candidates,
+// The picker's pick (after every block's candidates are scored): the top k of `total` candidates,
 // vote_of(j) / index_of(j) for the j-th in index order, as TopK picks (OrderedKey, ties to
 // lower j), written to out ascending. hist: kTopBins words of 8-byte aligned shared memory.
 // The k-th largest is found by its RankKey (the key, then the lower j): a first digit of
@@ -574,13 +574,10 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
                      return c < kBlockSlots ? block_slots[c] : a.cand_slots[block_begin + c];
                    },
                    [&](int64_t c, float v) { a.cand_vote[block_begin + c] = v; });
-  if (blockIdx.x != 0) {
-    GridArrive(barrier);
-    return;
-  }
+  // The last block to finish its scoring picks; the others leave (none waits).
+  if (!GridArriveLast(barrier, ++barriers * blocks)) return;
 
-  // Block 0: every block's candidates, gathered in block order (which is index order).
-  GridBarrier(barrier, ++barriers * blocks);
+  // Every block's candidates, gathered in block order (which is index order).
   __shared__ uint32_t seg_first[kMaxBlocks];  // the gathered list's first entry of block b
   // The segments' offsets: thread t scans blocks 2t and 2t + 1 (kMaxBlocks = 2 kThreads).
   static_assert(kMaxBlocks <= 2 * kThreads, "two blocks' counts per thread");
@@ -630,7 +627,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   }
   if (threadIdx.x == 0) *a.count = static_cast<int32_t>(total);
   PickFromList(vote_of, index_of, total, k, a.out, hist);
-  // Every other block has left: block 0 clears the control words for the next call.
+  // Every other block has left: the picker clears the control words for the next call.
   for (int w = threadIdx.x; w < kControlWords; w += blockDim.x) ws[w] = 0u;
 }
 

@@ -74,13 +74,30 @@ __device__ __forceinline__ uint32_t BlockSum(uint32_t value) {
 // spins with acquire loads (gpu scope), which with the block barriers around them make each
 // block's global writes before the barrier visible to every block after it (release is
 // cumulative over what the block barrier ordered before it); no full fences.
-// GridArrive is the arrival alone: a block that has nothing left to wait for (the screen's
-// blocks but block 0) arrives and leaves.
+// GridArrive is the arrival alone (GridBarrier's first half).
 __device__ __forceinline__ void GridArrive(uint32_t* counter) {
   __syncthreads();
   if (threadIdx.x == 0) {
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
   }
+}
+
+// GridArriveLast: the arrival, telling every thread of the block whether it was the last one
+// (the counter reaching `target`); the last block's thread 0 acquires with its add, so after
+// the block barrier that block sees what every block wrote before arriving.
+__device__ __forceinline__ bool GridArriveLast(uint32_t* counter, uint32_t target) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(before)
+                 : "l"(counter)
+                 : "memory");
+    last = before + 1 == target;
+  }
+  __syncthreads();
+  return last;
 }
 
 __device__ __forceinline__ void GridBarrier(uint32_t* counter, uint32_t target) {
