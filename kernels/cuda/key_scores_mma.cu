@@ -154,7 +154,9 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // sm_90, and the 8 kv heads' warps all add into the same 16 tokens per tile; the twenty-eighth
 // session's atomics cost the H200 most of what dropping the logit stores saved: bound scoring
 // 0.532 against 0.524 ms now). The walk is block-uniform (every warp the same number of
-// steps), so the window's flushes and the sample barrier can use block barriers.
+// steps), so the window's flushes and the sample barrier can use block barriers. A sample of each
+// block's first 2, 4 or 8 steps (thirty-first session) tightened the bounds (bound ratio at 1M
+// 6.8 -> 3.8 / 2.6 / 2.3) but made the selection 0.2-1% slower (docs/kernel_tuning_log.md).
 template <bool kFp8, int kStages, bool kBound>
 __global__ void __launch_bounds__(kThreads, 2)
     ScoreKeysMmaKernel(KeyScoreParams p, ScoreWorkspace ws, int rows, int64_t chunk) {
