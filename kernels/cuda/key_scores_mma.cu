@@ -72,6 +72,9 @@ constexpr int kTile = 16;  // tokens per MMA tile
 // floats did the same but took the 2 blocks of an SM over 196 KiB of shared memory, leaving
 // 28 KiB of L1 instead of 60: H200 bound scoring 0.575 against 0.532 ms at 1M.)
 constexpr int kBoundWindow = 256;
+// Bound mode's sample: each block's first kSampleTiles steps (at most a window's worth), their
+// logits held in the window until the sample barrier fixes C_h.
+constexpr int kSampleTiles = 8;
 constexpr int kTermStride = 32;
 __device__ __forceinline__ int TermAt(int token, int head) {
   return token * kTermStride + (head ^ ((token & 7) << 2));
@@ -154,9 +157,14 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // sm_90, and the 8 kv heads' warps all add into the same 16 tokens per tile; the twenty-eighth
 // session's atomics cost the H200 most of what dropping the logit stores saved: bound scoring
 // 0.532 against 0.524 ms now). The walk is block-uniform (every warp the same number of
-// steps), so the window's flushes and the sample barrier can use block barriers. A sample of each
-// block's first 2, 4 or 8 steps (thirty-first session) tightened the bounds (bound ratio at 1M
-// 6.8 -> 3.8 / 2.6 / 2.3) but made the selection 0.2-1% slower (docs/kernel_tuning_log.md).
+// steps), so the window's flushes and the sample barrier can use block barriers. The sample
+// (thirty-first session; one step before, and every block waited for it): each block's first
+// kSampleTiles steps; a block arrives and goes on, its logits held in the window, and waits for
+// the flag only when the window is full. The bounds tighten (bench_kernels_cuda's data at 1M:
+// bound ratio 6.8 -> 2.3; bench_fp8_kv_cuda's 8190 -> 2355 candidates, FP8 8698 -> 3032) and
+// no block stalls at its start: H100 selection at 1M 0.7745-0.7763 -> 0.7706-0.7723 ms, on the
+// FP8 bench's data 0.7962 -> 0.7787 (docs/kernel_tuning_log.md). Waiting for the sample after
+// 8 steps instead cost 1-5 us.
 template <bool kFp8, int kStages, bool kBound>
 __global__ void __launch_bounds__(kThreads, 2)
     ScoreKeysMmaKernel(KeyScoreParams p, ScoreWorkspace ws, int rows, int64_t chunk) {
@@ -270,7 +278,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   const int num_heads = static_cast<int>(p.num_heads);
-  bool sampled = false;
+  // Bound mode: the block's first sample_tiles steps are its sample (at most half the first
+  // window: the steps after them are held there too until the flag is seen).
+  const int sample_tiles = max(1, min(kSampleTiles, kBoundWindow / stride / 2));
+  int steps_held = 0;  // steps whose logits wait in the window for C_h
+  bool arrived = false, sampled = false;
   // The block's (max, sum-exp) per head to ws.partial, from each lane's state st (head t of
   // its warp's kv head): over the 8 lanes of equal t, then over the rows of warps.
   auto write_partial = [&](float2 st) {
@@ -289,10 +301,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       ws.partial[blockIdx.x * num_heads + h] = acc;
     }
   };
-  // The sample barrier (bound mode): this block's state so far (its first tile's) to
-  // ws.partial, the last block to arrive merges them into sample_max / sample_inv_sum and
-  // raises the flag; every block then reads its lanes' C_h.
-  auto sample_barrier = [&] {
+  // The sample barrier (bound mode), in two halves so that a block goes on scoring in between
+  // (its logits held in the window). Arrive: this block's state so far (its sample steps') to
+  // ws.partial; the last block to arrive merges them into sample_max / sample_inv_sum and
+  // raises the flag.
+  auto sample_arrive = [&] {
     write_partial(stats);
     if (LastToArrive(ws.sample_counter, gridDim.x)) {
       CombinePartials<8>(ws.partial, static_cast<int>(gridDim.x), num_heads, nullptr,
@@ -303,6 +316,11 @@ __global__ void __launch_bounds__(kThreads, 2)
         asm volatile("st.release.gpu.global.u32 [%0], 1;" ::"l"(ws.sample_flag) : "memory");
       }
     }
+    arrived = true;
+  };
+  // Wait (every block, before it writes ws.partial again): the flag, then its lanes' C_h, and
+  // the held steps' logits in the window turned into terms.
+  auto sample_wait = [&] {
     if (threadIdx.x == 0) {
       unsigned int seen;
       do {
@@ -315,11 +333,19 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     // A common shift (the sampled share of n) keeps the bounds near the votes' scale.
     const float sampled_tokens =
-        fminf(static_cast<float>(n), static_cast<float>(gridDim.x) * rows * kTile);
+        fminf(static_cast<float>(n), static_cast<float>(gridDim.x) * stride * sample_tiles);
     const int h = kv * kG + t;
     bound_c2 = (__ldcg(p.sample_max + h) - __logf(__ldcg(p.sample_inv_sum + h)) +
                 __logf(static_cast<float>(n) / sampled_tokens)) *
                kLog2e;
+    for (int a = 0; a < steps_held; ++a) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int tok = window_begin + row * kTile + a * stride + g + 8 * r;
+        float* term = sm_terms + TermAt(tok - window_begin, kv * kG + t);
+        *term = tok < end ? FastExp2(fmaf(*term, kLog2e, -bound_c2)) : 0.0f;
+      }
+    }
     sampled = true;
   };
   // Token i of the window: the sum of its terms and the largest, its head in the low 5 bits.
@@ -409,7 +435,20 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
     if constexpr (kBound) {
-      if (!sampled) sample_barrier();
+      // Before C_h is known a step's logits wait in the window (block-uniform branches): the
+      // sample's steps, then the block arrives, then more steps until the window is full.
+      if (!sampled && base - row * kTile < window_begin + kBoundWindow) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          sm_terms[TermAt(base + g + 8 * r - window_begin, kv * kG + t)] = s2[r];
+        }
+        ++steps_held;
+        if (!arrived && (steps_held == sample_tiles || base + stride - row * kTile >= walk_end)) {
+          sample_arrive();
+        }
+        continue;
+      }
+      if (!sampled) sample_wait();  // the window is full
       if (base - row * kTile >= window_begin + kBoundWindow) {  // block-uniform
         flush_window();
         window_begin += kBoundWindow;
@@ -423,7 +462,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   if constexpr (kBound) {
-    if (!sampled) sample_barrier();  // a block with no tokens still arrives
+    if (!arrived) sample_arrive();  // a block with no tokens still arrives
+    if (!sampled) sample_wait();
     if (begin < end) flush_window();
   }
 

@@ -81,12 +81,12 @@ struct KeyScoreParams {
   float scale = 1.0f;
   const int32_t* skip = nullptr;        // optional [1]: when *skip != 0, write nothing
   // Bound-vote mode (tensor-core shapes only: BoundVoteSupported), when vote_bound is
-  // set: no logits; instead, once every block has scored its first tile, the per-head softmax
-  // state of those sampled tiles (sample_max / sample_inv_sum, [num_heads]) fixes provisional
-  // constants C_h, and vote_bound[j] = sum_h exp(logit[j, h] - C_h). head_max / head_inv_sum
-  // are written as always (bf16 keys: the same bits as without the mode). With the exact C*_h
-  // = head_max - log(head_inv_sum), the exact soft vote of j lies within
-  // [vote_bound[j] / max_h a_h, vote_bound[j] / min_h a_h], a_h = exp(C*_h - C_h):
+  // set: no logits; instead, once every block has scored its first few tiles (up to 8 steps),
+  // the per-head softmax state of those sampled tiles (sample_max / sample_inv_sum, [num_heads])
+  // fixes provisional constants C_h, and vote_bound[j] = sum_h exp(logit[j, h] - C_h).
+  // head_max / head_inv_sum are written as always (bf16 keys: the same bits as without the
+  // mode). With the exact C*_h = head_max - log(head_inv_sum), the exact soft vote of j lies
+  // within [vote_bound[j] / max_h a_h, vote_bound[j] / min_h a_h], a_h = exp(C*_h - C_h):
   // BoundVoteSelect's screen turns that into a candidate list. Launched cooperatively.
   float* vote_bound = nullptr;
   // [n]: the largest of j's 32 terms, its head in the low 5 bits (the term rounded down there):
