@@ -4,6 +4,11 @@
 //   decode attention (tensor-core split kernel, PlanDecodeSplits) over the whole cache
 //   ScoreKeys (the soft vote's key pass) over the whole cache
 //   prefill attention of a 512-token chunk over the cache (dense)
+//   TokenSelect's selection (top 2048) by the two chains the engine picks between on one GPU
+//   (engine/selection/cuda_selection.h): the plain one (ScoreKeys, VoteFromLogits, TopK) and the
+//   bound-vote one (BoundVoteSelect, from kBoundVoteMinCandidates), a random query (N(0, 9 / d),
+//   as bench_kernels_cuda's); the bound chain's candidates and its picks against the plain
+//   chain's (any difference must be a near-tie: within 1e-5 of the k-th vote)
 // Napkin math printed with each time: the cache bytes read (K + V for attention, K for the
 // scores: 2 KiB / 1 KiB per token per K or V row in bf16 / FP8) over the time, against a
 // measured device-to-device copy (read + write).
@@ -11,8 +16,11 @@
 //   bench_fp8_kv_cuda [--tokens 131072,1048576] [--reps 20]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -66,6 +74,11 @@ void Run(int64_t n, int reps, int num_sms, cudaStream_t stream) {
   const int splits = PlanDecodeSplits(1, kKvHeads, n, num_sms);
   DeviceBuffer<char> ws(DecodeAttentionWorkspaceBytes(1, kHeads, kDim, splits));
   double decode_ms[2] = {0, 0}, score_ms[2] = {0, 0}, prefill_ms[2] = {0, 0};
+  double plain_ms[2] = {0, 0}, bound_ms[2] = {0, 0};
+  std::vector<float> select_query(static_cast<size_t>(kHeads * kDim));
+  std::normal_distribution<float> normal(0.0f, 3.0f / std::sqrt(float(kDim)));
+  for (float& x : select_query) x = normal(rng);
+  DeviceBuffer<float> d_select_query(select_query);
   for (int fp8 = 0; fp8 < 2; ++fp8) {
     DecodeAttentionParams p;
     p.out = reinterpret_cast<__nv_bfloat16*>(out.get());
@@ -100,6 +113,32 @@ void Run(int64_t n, int reps, int num_sms, cudaStream_t stream) {
     sel.score.slots = d_slots.get();
     score_ms[fp8] = bench::MedianMs(
         stream, [&](int) { TS_CUDA_CHECK(ScoreKeys(sel.score, stream)); }, timing);
+
+    // The two selection chains: check, then time.
+    sel.score.query = d_select_query.get();
+    bench::BoundSelection bound(sel, 2048);
+    TS_CUDA_CHECK(sel.Run(stream));
+    TS_CUDA_CHECK(bound.Run(stream));
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<int32_t> want = sel.top.Download(), got = bound.top.Download();
+    const std::vector<float> votes = sel.vote.Download();
+    float kth = INFINITY;
+    for (int32_t i : want) kth = std::min(kth, votes[static_cast<size_t>(i)]);
+    std::vector<int32_t> extra;
+    std::set_difference(got.begin(), got.end(), want.begin(), want.end(),
+                        std::back_inserter(extra));
+    int far = 0;
+    for (int32_t i : extra) far += votes[static_cast<size_t>(i)] < kth * (1 - 1e-5f);
+    const int32_t candidates = gpu_test::DownloadFrom(bound.view.count, 1)[0];
+    const bool ok = got.size() == want.size() && std::is_sorted(got.begin(), got.end()) &&
+                    far == 0;
+    std::printf("  %s  check bound select: %d candidates, picks: %zu differ from the plain "
+                "chain's, %d beyond a near-tie -> %s\n",
+                fp8 ? "fp8 " : "bf16", candidates, extra.size(), far, ok ? "OK" : "FAILED");
+    if (!ok) std::exit(1);
+    plain_ms[fp8] = bench::MedianMs(stream, [&](int) { TS_CUDA_CHECK(sel.Run(stream)); }, timing);
+    bound_ms[fp8] =
+        bench::MedianMs(stream, [&](int) { TS_CUDA_CHECK(bound.Run(stream)); }, timing);
 
     // A 512-token chunk attending the whole cache (its own rows are the last 512 entries).
     constexpr int64_t kChunk = 512;
@@ -153,9 +192,17 @@ void Run(int64_t n, int reps, int num_sms, cudaStream_t stream) {
                 score_ms[fp8], k_bytes / score_ms[fp8] / 1e6, prefill_ms[fp8],
                 flops / prefill_ms[fp8] / 1e9);
   }
-  std::printf("  fp8 / bf16 time: decode %.2f, scores %.2f, prefill %.2f\n",
+  for (int fp8 = 0; fp8 < 2; ++fp8) {
+    std::printf("  %s  selection top-2048: plain chain %.4f ms, bound-vote chain %.4f ms "
+                "(%.2fx; the engine's from %lldK)\n",
+                fp8 ? "fp8 " : "bf16", plain_ms[fp8], bound_ms[fp8], plain_ms[fp8] / bound_ms[fp8],
+                static_cast<long long>(kBoundVoteMinCandidates >> 10));
+  }
+  std::printf("  fp8 / bf16 time: decode %.2f, scores %.2f, prefill %.2f, selection %.2f "
+              "(plain) / %.2f (bound)\n",
               decode_ms[1] / decode_ms[0], score_ms[1] / score_ms[0],
-              prefill_ms[1] / prefill_ms[0]);
+              prefill_ms[1] / prefill_ms[0], plain_ms[1] / plain_ms[0],
+              bound_ms[1] / bound_ms[0]);
 }
 
 int Main(int argc, char** argv) {
