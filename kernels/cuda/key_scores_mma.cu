@@ -72,7 +72,7 @@ constexpr int kTile = 16;  // tokens per MMA tile
 // floats did the same but took the 2 blocks of an SM over 196 KiB of shared memory, leaving
 // 28 KiB of L1 instead of 60: H200 bound scoring 0.575 against 0.532 ms at 1M.)
 constexpr int kBoundWindow = 256;
-// Bound mode's sample: each block's first kSampleTiles steps (at most a window's worth), their
+// Bound mode's sample: each block's first kSampleTiles steps (at most half a window), their
 // logits held in the window until the sample barrier fixes C_h.
 constexpr int kSampleTiles = 8;
 constexpr int kTermStride = 32;
