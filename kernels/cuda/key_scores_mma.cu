@@ -165,8 +165,13 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // no block stalls at its start: H100 selection at 1M 0.7745-0.7763 -> 0.7706-0.7723 ms, on the
 // FP8 bench's data 0.7962 -> 0.7787 (docs/kernel_tuning_log.md). Waiting for the sample after
 // 8 steps instead cost 1-5 us.
+// FP8 keys in bound mode are held to 3 blocks per SM (80 registers, no spills; 94 gave 2):
+// bench_fp8_kv_cuda's FP8 selection at 512K / 1M went 0.2196-0.2224 -> 0.1980-0.2003 and
+// 0.3839-0.3852 -> 0.3385-0.3395 ms on an H200 (the plain chain 0.2000-0.2013 / 0.3687-0.3690:
+// the bound chain had been the slower one there), 0.2568-0.2583 -> 0.2469-0.2486 and
+// 0.4653-0.4673 -> 0.4409-0.4416 on an H100 (thirty-first session).
 template <bool kFp8, int kStages, bool kBound>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kFp8 && kBound ? 3 : 2)
     ScoreKeysMmaKernel(KeyScoreParams p, ScoreWorkspace ws, int rows, int64_t chunk) {
   using Traits = MmaTraits<kFp8>;
   constexpr int kWords = Traits::kWords;
