@@ -100,22 +100,15 @@ constexpr int kPrefetchRows = 8;           // a warp's candidates' rows prefetch
 constexpr size_t kDynamicBytes = 2 * kTileWords * sizeof(uint32_t);
 
 struct ScreenArgs {
-  int32_t* out;                 // [min(k, n)] the picks
-  float* bound;                 // [n] vote_bound (the picker's spill space once read)
-  uint32_t* top_term;           // [n] vote_top (the same)
-  int64_t n;                    // a bound when device_n is set
-  DeviceLength device_n;
+  int32_t* out;            // [min(k, n)] the picks
   uint32_t k;
-  uint32_t* ws;                 // TopKWorkspaceBytes
-  const int32_t* skip;
-  int32_t* cand_index;          // [n]
-  int32_t* cand_slots;          // [n]
-  float* cand_vote;             // [n]
-  int32_t* count;               // [1]
-  const float* sample_max;      // [num_heads]
-  const float* sample_inv_sum;  // [num_heads]
-  KeyScoreParams keys;          // the bound-mode ScoreKeys call ahead
-  bool list_candidates;         // BoundVoteParams::list_candidates
+  // The bound-mode ScoreKeys call ahead: the inputs (n, a bound when device_n is set; skip; the
+  // shape), its outputs' places in `work`.
+  KeyScoreParams keys;
+  // top_k_workspace: the radix select's words; bound / top_term: read, then the picker's spill
+  // space; the candidates, their count, the sample's statistics.
+  BoundVoteWorkspace work;
+  bool list_candidates;    // BoundVoteParams::list_candidates
 };
 
 // This thread's cp.async copies committed and waited for (cp_async.cuh).
@@ -184,12 +177,8 @@ __device__ void PickFromList(VoteOf vote_of, IndexOf index_of, uint32_t total, u
       const uint32_t j = j0 + lane;
       const uint32_t key = j < total ? OrderedKey(vote_of(j)) : 0u;
       const bool in = j < total && PickBin(key) == top.bin;
-      const unsigned in_bin = __ballot_sync(0xffffffffu, in);
-      if (in_bin == 0u) continue;
-      uint32_t slot = 0;
-      if (lane == __ffs(in_bin) - 1) slot = atomicAdd(&listed, __popc(in_bin));
-      slot = __shfl_sync(0xffffffffu, slot, __ffs(in_bin) - 1);
-      if (in) member[slot + __popc(in_bin & ((1u << lane) - 1u))] = RankKey(key, j);
+      const uint32_t slot = WarpAppend(in, &listed);
+      if (in) member[slot] = RankKey(key, j);
     }
     __syncthreads();
     if (threadIdx.x < top.count) {
@@ -251,10 +240,11 @@ __device__ void PickFromList(VoteOf vote_of, IndexOf index_of, uint32_t total, u
 
 __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   PdlWait();  // launched as a dependent of the bound-mode scoring
-  if (Skipped(a.skip)) return;
-  const int64_t n = ResolveLength(a.device_n, a.n);
-  const uint32_t k = a.k;
   const KeyScoreParams& keys = a.keys;
+  const BoundVoteWorkspace& work = a.work;
+  if (Skipped(keys.skip)) return;
+  const int64_t n = ResolveLength(keys.device_n, keys.n);
+  const uint32_t k = a.k;
   extern __shared__ uint32_t tile_words[];
   uint32_t* const tile_vote = tile_words;             // vote bounds (float bits)
   uint32_t* const tile_top = tile_words + kTileWords;  // top terms
@@ -302,17 +292,17 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       a.out[i] = static_cast<int32_t>(i);
-      a.cand_index[i] = static_cast<int32_t>(i);
-      a.cand_slots[i] = keys.slots[i];
+      work.cand_index[i] = static_cast<int32_t>(i);
+      work.cand_slots[i] = keys.slots[i];
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) *a.count = static_cast<int32_t>(n);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *work.count = static_cast<int32_t>(n);
     stage();
     CpAsyncWaitAll();
     __syncthreads();
     score_candidates(static_cast<int64_t>(blockIdx.x) * kWarps + warp,
                      static_cast<int64_t>(gridDim.x) * kWarps, n,
                      [&](int64_t c) { return keys.slots[c]; },
-                     [&](int64_t c, float v) { a.cand_vote[c] = v; });
+                     [&](int64_t c, float v) { work.cand_vote[c] = v; });
     return;
   }
   const BlockSplit split = SplitForBlock(n, warp);  // top_k_block.cuh
@@ -328,8 +318,8 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   if (threadIdx.x < keys.num_heads) {
     stat[0] = __ldcg(keys.head_max + threadIdx.x);
     stat[1] = __ldcg(keys.head_inv_sum + threadIdx.x);
-    stat[2] = __ldcg(a.sample_max + threadIdx.x);
-    stat[3] = __ldcg(a.sample_inv_sum + threadIdx.x);
+    stat[2] = __ldcg(work.sample_max + threadIdx.x);
+    stat[3] = __ldcg(work.sample_inv_sum + threadIdx.x);
   }
   // The warp's tiles' raw bounds and top terms: its first kTiles x 32 tokens, contiguous in
   // shared memory (token begin + 32 u + lane at tile_base + 32 u + lane), by 16-byte copies.
@@ -339,8 +329,8 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   const int64_t copied = min(end - begin, static_cast<int64_t>(kTiles * 32));
 #pragma unroll 1
   for (int c = lane; 4 * c < copied; c += 32) {
-    CpAsyncCa16(&tile_vote[tile_base + 4 * c], a.bound + begin + 4 * c);
-    CpAsyncCa16(&tile_top[tile_base + 4 * c], a.top_term + begin + 4 * c);
+    CpAsyncCa16(&tile_vote[tile_base + 4 * c], work.bound + begin + 4 * c);
+    CpAsyncCa16(&tile_top[tile_base + 4 * c], work.top_term + begin + 4 * c);
   }
   for (int b = threadIdx.x; b < kTopBins; b += blockDim.x) hist[b] = 0;
   __shared__ float inv_a[32];
@@ -404,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
     for (int64_t t = begin + 32 * kTiles; t < end; t += 32) {
       const int64_t i = t + lane;
       uint32_t lower = 0u, upper = 0u;
-      if (i < end) lower = bounds(a.bound[i], a.top_term[i], &upper);
+      if (i < end) lower = bounds(work.bound[i], work.top_term[i], &upper);
       fn(lower, upper, i, i < end);
     }
   };
@@ -426,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
 
   // T, the k-th largest lower bound (or a bound below it: see the edge below). The first
   // digit's pass also finds each tile's ceiling.
-  uint32_t* const ws = a.ws;
+  uint32_t* const ws = static_cast<uint32_t*>(work.top_k_workspace);
   uint32_t* const barrier = ws + kBarrier;
   uint32_t barriers = 0;
 #pragma unroll 4
@@ -446,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
 #pragma unroll 1
   for (int64_t i = begin + 32 * kTiles + lane; i < end; i += 32) {
     uint32_t upper;
-    atomicAdd(&hist[FirstBin(bounds(a.bound[i], a.top_term[i], &upper))], 1u);
+    atomicAdd(&hist[FirstBin(bounds(work.bound[i], work.top_term[i], &upper))], 1u);
   }
   stage();  // the query's copies, waited for before the scoring
   __syncthreads();
@@ -474,16 +464,10 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
     // The keys in the chosen bin to a list, then its low 20 bits in every block.
     const uint32_t top_bin = top.bin;
     uint32_t* list = ws + kCand;
-    const unsigned below = (1u << lane) - 1u;
     for_each(threshold, [&](uint32_t key, uint32_t, int64_t, bool valid) {
-      const unsigned in_bin =
-          __ballot_sync(0xffffffffu, valid && FirstBin(key) == top_bin);
-      if (in_bin != 0u) {
-        uint32_t slot = 0;
-        if (lane == __ffs(in_bin) - 1) slot = atomicAdd(&ws[kCandCount], __popc(in_bin));
-        slot = __shfl_sync(0xffffffffu, slot, __ffs(in_bin) - 1);
-        if ((in_bin >> lane) & 1u) list[slot + __popc(in_bin & below)] = key;
-      }
+      const bool in_bin = valid && FirstBin(key) == top_bin;
+      const uint32_t slot = WarpAppend(in_bin, &ws[kCandCount]);
+      if (in_bin) list[slot] = key;
     });
     GridBarrier(barrier, ++barriers * blocks);
     const int count = static_cast<int>(top.count);
@@ -516,7 +500,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   auto further_mask = [&](int64_t t) {
     const int64_t i = t + lane;
     uint32_t upper = 0u;
-    if (i < end) bounds(a.bound[i], a.top_term[i], &upper);
+    if (i < end) bounds(work.bound[i], work.top_term[i], &upper);
     return __ballot_sync(0xffffffffu, i < end && upper >= cut);
   };
   __shared__ uint32_t tile_pass[kTiles * kWarps];
@@ -553,8 +537,8 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
       const uint32_t c = run + __popc(m & lanes_below);
       const int32_t slot = keys.slots[i];
       PrefetchRow(static_cast<const char*>(keys.k_cache) + slot * row_bytes, row_bytes);
-      a.cand_index[block_begin + c] = static_cast<int32_t>(i);
-      a.cand_slots[block_begin + c] = slot;
+      work.cand_index[block_begin + c] = static_cast<int32_t>(i);
+      work.cand_slots[block_begin + c] = slot;
       if (c < kBlockSlots) block_slots[c] = slot;
     }
     run += __popc(m);
@@ -571,9 +555,9 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   __syncthreads();  // the list entries above are visible to the block; the staged query
   score_candidates(warp, kWarps, block_count,
                    [&](int64_t c) {
-                     return c < kBlockSlots ? block_slots[c] : a.cand_slots[block_begin + c];
+                     return c < kBlockSlots ? block_slots[c] : work.cand_slots[block_begin + c];
                    },
-                   [&](int64_t c, float v) { a.cand_vote[block_begin + c] = v; });
+                   [&](int64_t c, float v) { work.cand_vote[block_begin + c] = v; });
   // The last block to finish its scoring picks; the others leave (none waits).
   if (!GridArriveLast(barrier, ++barriers * blocks)) return;
 
@@ -591,8 +575,8 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   __syncthreads();
   uint32_t* const g_vote = tile_vote;  // [kGather]: vote bits
   uint32_t* const g_index = tile_top;  // [kGather]
-  float* const spill_vote = a.bound;     // entries from kGather on
-  uint32_t* const spill_index = a.top_term;
+  float* const spill_vote = work.bound;     // entries from kGather on
+  uint32_t* const spill_index = work.top_term;
   // Warp w copies blocks w, w + kWarps, ...: cp.async into shared memory (one round trip).
   for (uint32_t b = warp; b < blocks; b += kWarps) {
     const uint32_t first = seg_first[b];
@@ -601,11 +585,11 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
     for (uint32_t e = lane; e < c; e += 32) {
       const uint32_t j = first + e;
       if (j < kGather) {
-        CpAsyncCa4(&g_vote[j], a.cand_vote + src + e);
-        CpAsyncCa4(&g_index[j], a.cand_index + src + e);
+        CpAsyncCa4(&g_vote[j], work.cand_vote + src + e);
+        CpAsyncCa4(&g_index[j], work.cand_index + src + e);
       } else {
-        spill_vote[j] = __ldcg(a.cand_vote + src + e);
-        spill_index[j] = static_cast<uint32_t>(__ldcg(a.cand_index + src + e));
+        spill_vote[j] = __ldcg(work.cand_vote + src + e);
+        spill_index[j] = static_cast<uint32_t>(__ldcg(work.cand_index + src + e));
       }
     }
   }
@@ -621,11 +605,11 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   // cand_vote [0, total); every read of their segments is done.
   if (a.list_candidates) {
     for (uint32_t j = threadIdx.x; j < total; j += kThreads) {
-      a.cand_index[j] = index_of(j);
-      a.cand_vote[j] = vote_of(j);
+      work.cand_index[j] = index_of(j);
+      work.cand_vote[j] = vote_of(j);
     }
   }
-  if (threadIdx.x == 0) *a.count = static_cast<int32_t>(total);
+  if (threadIdx.x == 0) *work.count = static_cast<int32_t>(total);
   PickFromList(vote_of, index_of, total, k, a.out, hist);
   // Every other block has left: the picker clears the control words for the next call.
   for (int w = threadIdx.x; w < kControlWords; w += blockDim.x) ws[w] = 0u;
@@ -637,7 +621,7 @@ cudaError_t Screen(const ScreenArgs& args, cudaStream_t stream) {
   int device = 0, sms = 0;
   TS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   TS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t blocks = LaunchBlocks(args.n, sms);
+  const int64_t blocks = LaunchBlocks(args.keys.n, sms);
   return LaunchPdl(ScreenKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
                    kDynamicBytes, stream, /*cooperative=*/true, args);
 }
@@ -696,20 +680,9 @@ cudaError_t BoundVoteSelect(const BoundVoteParams& p, cudaStream_t stream) {
   if (p.launches < 2) return cudaSuccess;
   ScreenArgs screen;
   screen.out = p.out;
-  screen.bound = w.bound;
-  screen.top_term = w.top_term;
-  screen.n = sp.n;
-  screen.device_n = sp.device_n;
   screen.k = static_cast<uint32_t>(std::min(p.k, sp.n));
-  screen.ws = static_cast<uint32_t*>(w.top_k_workspace);
-  screen.skip = sp.skip;
-  screen.cand_index = w.cand_index;
-  screen.cand_slots = w.cand_slots;
-  screen.cand_vote = w.cand_vote;
-  screen.count = w.count;
-  screen.sample_max = w.sample_max;
-  screen.sample_inv_sum = w.sample_inv_sum;
   screen.keys = sp;
+  screen.work = w;
   screen.list_candidates = p.list_candidates;
   return Screen(screen, stream);
 }

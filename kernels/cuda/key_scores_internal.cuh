@@ -28,7 +28,7 @@ constexpr int kMaxStatsGroups = kMaxScoreBlocks / kStatsGroup;
 
 struct ScoreWorkspace {
   unsigned int* counter;        // groups merged
-  unsigned int* sample_counter; // bound mode: blocks past their sampled tile
+  unsigned int* sample_counter; // bound mode: blocks past their sample's steps
   unsigned int* sample_flag;    // bound mode: 1 once the sample's statistics are written
   unsigned int* group_done;     // [kMaxStatsGroups] blocks finished per group
   float2* partial;              // [kMaxScoreBlocks, num_heads]: (max, sum-exp) per block

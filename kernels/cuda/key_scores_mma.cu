@@ -234,6 +234,13 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kBound ? 3 : 2)
   float* sm_terms = reinterpret_cast<float*>(sm_stage + (kThreads / 32) * kStages * kTile * 16);
   int window_begin = begin;
   float bound_c2 = 0.0f;  // C_h log2(e) of this lane's head (kv * kG + t)
+  // Token tok's place in the window for this lane's head, and its term from its logit.
+  auto term_at = [&](int tok) -> float& {
+    return sm_terms[TermAt(tok - window_begin, kv * kG + t)];
+  };
+  auto term = [&](float logit, int tok) {
+    return tok < end ? FastExp2(fmaf(logit, kLog2e, -bound_c2)) : 0.0f;
+  };
   if constexpr (kStages > 0) {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -347,8 +354,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kBound ? 3 : 2)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int tok = window_begin + row * kTile + a * stride + g + 8 * r;
-        float* term = sm_terms + TermAt(tok - window_begin, kv * kG + t);
-        *term = tok < end ? FastExp2(fmaf(*term, kLog2e, -bound_c2)) : 0.0f;
+        term_at(tok) = term(term_at(tok), tok);
       }
     }
     sampled = true;
@@ -444,9 +450,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kBound ? 3 : 2)
       // sample's steps, then the block arrives, then more steps until the window is full.
       if (!sampled && base - row * kTile < window_begin + kBoundWindow) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          sm_terms[TermAt(base + g + 8 * r - window_begin, kv * kG + t)] = s2[r];
-        }
+        for (int r = 0; r < 2; ++r) term_at(base + g + 8 * r) = s2[r];
         ++steps_held;
         if (!arrived && (steps_held == sample_tiles || base + stride - row * kTile >= walk_end)) {
           sample_arrive();
@@ -459,11 +463,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kBound ? 3 : 2)
         window_begin += kBoundWindow;
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int tok = base + g + 8 * r;
-        sm_terms[TermAt(tok - window_begin, kv * kG + t)] =
-            tok < end ? FastExp2(fmaf(s2[r], kLog2e, -bound_c2)) : 0.0f;
-      }
+      for (int r = 0; r < 2; ++r) term_at(base + g + 8 * r) = term(s2[r], base + g + 8 * r);
     }
   }
   if constexpr (kBound) {

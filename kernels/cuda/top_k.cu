@@ -163,15 +163,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for_each([&](uint32_t key, int64_t i, bool valid) {
       const uint32_t digit = key >> (32 - kTopBits);
       sure += __popc(__ballot_sync(0xffffffffu, valid && digit > top_bin));
-      const unsigned in_bin = __ballot_sync(0xffffffffu, valid && digit == top_bin);
-      if (in_bin != 0u) {
-        uint32_t slot = 0;
-        if (lane == __ffs(in_bin) - 1) slot = atomicAdd(&ws[kCandCount], __popc(in_bin));
-        slot = __shfl_sync(0xffffffffu, slot, __ffs(in_bin) - 1);
-        if ((in_bin >> lane) & 1u) {
-          cand[slot + __popc(in_bin & below)] = make_uint2(key, static_cast<uint32_t>(i));
-        }
-      }
+      const bool in_bin = valid && digit == top_bin;
+      const uint32_t slot = WarpAppend(in_bin, &ws[kCandCount]);
+      if (in_bin) cand[slot] = make_uint2(key, static_cast<uint32_t>(i));
     });
     if (lane == 0) warp_counts[0][warp] = sure;
     __syncthreads();

@@ -140,6 +140,19 @@ __device__ __forceinline__ BlockSplit SplitForBlock(int64_t n, int warp) {
   return s;
 }
 
+// Warp-aggregated append: the lanes with `take` set claim consecutive entries of a list whose
+// length is *counter (shared or global memory), in lane order, with one atomic for the warp.
+// Returns this lane's entry (meaningful where take is set). Every lane of the warp calls it.
+__device__ __forceinline__ uint32_t WarpAppend(bool take, uint32_t* counter) {
+  const unsigned mask = __ballot_sync(0xffffffffu, take);
+  if (mask == 0u) return 0u;  // the same in every lane
+  const int lane = threadIdx.x & 31, leader = __ffs(mask) - 1;
+  uint32_t first = 0;
+  if (lane == leader) first = atomicAdd(counter, __popc(mask));
+  first = __shfl_sync(0xffffffffu, first, leader);
+  return first + __popc(mask & ((1u << lane) - 1u));
+}
+
 // The skip flag (selection.h): every kernel returns at once when it is set.
 __device__ __forceinline__ bool Skipped(const int32_t* skip) {
   return skip != nullptr && *skip != 0;
