@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 
 #include "bench/cuda_bench_util.h"
@@ -215,6 +216,20 @@ cudaError_t BoundSelection::Run(cudaStream_t stream, int launches, bool list_can
   p.launches = launches;
   p.list_candidates = list_candidates;
   return kernels::cuda::BoundVoteSelect(p, stream);
+}
+
+PickComparison ComparePicks(const std::vector<int32_t>& want, const std::vector<int32_t>& got,
+                            const std::vector<float>& exact_vote) {
+  double kth = 1e300;
+  for (int32_t i : want) kth = std::min(kth, double(exact_vote[static_cast<size_t>(i)]));
+  std::vector<int32_t> extra;
+  std::set_difference(got.begin(), got.end(), want.begin(), want.end(), std::back_inserter(extra));
+  PickComparison c;
+  c.differ = extra.size();
+  for (int32_t i : extra) c.beyond_near_tie += exact_vote[static_cast<size_t>(i)] < kth * (1 - 1e-5);
+  c.ok = got.size() == want.size() && std::is_sorted(got.begin(), got.end()) &&
+         c.beyond_near_tie == 0;
+  return c;
 }
 
 }  // namespace tokenselect::bench

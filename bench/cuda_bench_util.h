@@ -107,6 +107,18 @@ struct BoundSelection {
   int64_t k;
 };
 
+// The bound-vote selection's picks (got) against the exact chain's (want), both ascending token
+// indices, with the exact chain's votes: how many differ, and how many of those lie beyond a
+// near-tie (an exact vote below the exact k-th vote by more than 1e-5 of it). ok: as many picks,
+// ascending, none beyond a near-tie.
+struct PickComparison {
+  size_t differ = 0;
+  int beyond_near_tie = 0;
+  bool ok = false;
+};
+PickComparison ComparePicks(const std::vector<int32_t>& want, const std::vector<int32_t>& got,
+                            const std::vector<float>& exact_vote);
+
 }  // namespace tokenselect::bench
 
 #endif  // TOKENSELECT_BENCH_CUDA_BENCH_UTIL_H_
