@@ -27,8 +27,12 @@
 // at other split counts.
 // --crossover adds selection sizes 256K and 384K (below 512K, where the engine switches to the
 // bound-vote chain - kBoundVoteMinCandidates) and 768K (between 512K and 1M).
-// Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only | --step-only]
-//                           [--step-parts] [--crossover]
+// --selection-only=K[,K...] times the selection rows alone at these sizes (in K tokens, 1024 at
+// most): no decode step, no decode rows; the fp64 check runs only when the first size is at
+// most 128K (the bound chain's check against the plain chain runs at every size). For quick A/B
+// runs of the selection kernels.
+// Usage: bench_kernels_cuda [--quick | --variants] [--sustain=S] [--dense-only | --step-only |
+//                           --selection-only=K,...] [--step-parts] [--crossover]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -230,6 +234,7 @@ int Main(int argc, char** argv) {
   bool quick = false, variants = false, dense_only = false, step_only = false, step_parts = false,
        crossover = false;
   double sustain_s = 0.0;
+  std::vector<int64_t> only_sizes;  // --selection-only
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -245,9 +250,22 @@ int Main(int argc, char** argv) {
       step_parts = true;
     } else if (std::strncmp(argv[i], "--sustain=", 10) == 0) {
       sustain_s = std::atof(argv[i] + 10);
+    } else if (std::strncmp(argv[i], "--selection-only=", 17) == 0) {
+      for (const char* at = argv[i] + 17; *at != '\0';) {
+        char* next = nullptr;
+        const long kilo = std::strtol(at, &next, 10);
+        if (next == at || kilo < 1 || kilo > (kCacheSlots >> 10) || (*next != ',' && *next)) {
+          std::fprintf(stderr, "--selection-only: sizes in K tokens, 1 to %lld, comma-separated\n",
+                       static_cast<long long>(kCacheSlots >> 10));
+          return 2;
+        }
+        only_sizes.push_back(static_cast<int64_t>(kilo) << 10);
+        at = *next == ',' ? next + 1 : next;
+      }
     } else {
       std::fprintf(stderr, "unknown argument %s\nusage: bench_kernels_cuda [--quick | --variants] "
-                   "[--sustain=S] [--dense-only | --step-only] [--step-parts] [--crossover]\n",
+                   "[--sustain=S] [--dense-only | --step-only | --selection-only=K,...] "
+                   "[--step-parts] [--crossover]\n",
                    argv[i]);
       return 2;
     }
@@ -338,6 +356,8 @@ int Main(int argc, char** argv) {
   const int64_t k = 2048;
   std::vector<int64_t> sizes = {32 << 10, 128 << 10, 512 << 10, 1 << 20};
   if (crossover) sizes = {32 << 10, 128 << 10, 256 << 10, 384 << 10, 512 << 10, 768 << 10, 1 << 20};
+  const bool selection_only = !only_sizes.empty();
+  if (selection_only) sizes = only_sizes;
   for (int64_t n : sizes) {
     if (dense_only) break;
     if (step_only && n != kCacheSlots) continue;
@@ -367,7 +387,7 @@ int Main(int argc, char** argv) {
       score(rep);
       vote_top();
     };
-    if (n == sizes[0] && !step_only) {
+    if (n == sizes[0] && !step_only && n <= (128 << 10)) {
       // Check: fp64 CPU soft vote over the last slot set, then the top-k tolerance rule.
       sel.logits.Poison();
       sel.vote.Poison();
@@ -507,7 +527,7 @@ int Main(int argc, char** argv) {
       }
     }
 
-    if (n == kCacheSlots) {
+    if (n == kCacheSlots && !selection_only) {
       // One layer's decode step at 1M: the cache check decides, score/vote/top-k skip on its
       // flag, then sparse attention over the step's list (rotated like the keys).
       DeviceBuffer<float> cached(query.size());
@@ -695,7 +715,7 @@ int Main(int argc, char** argv) {
     rows.push_back({name, ms, 2.0 * n * kRowBytes / ms / 1e6, note});
     return true;
   };
-  if (step_only) return PrintRows(rows, copy_gbps, read_gbps);
+  if (step_only || selection_only) return PrintRows(rows, copy_gbps, read_gbps);
   if (!decode_case("sparse decode 128+2048+512", 2688, true)) return 1;
   if (!decode_case("dense decode N=128K", 128 << 10, false)) return 1;
   if (!decode_case("dense decode N=512K", 512 << 10, false)) return 1;
