@@ -469,7 +469,9 @@ int Main(int argc, char** argv) {
     }
 
     // The bound-vote selection (BoundSelection): its picks against the exact chain's, then its
-    // launches' times.
+    // launches' times. The "bound score" row (the scoring alone) repeats stores of the bounds
+    // that stay in L2 from rep to rep (evict_last, no screen to discard them): it does not count
+    // their write-back, which in the chain never happens either.
     bench::BoundSelection bsel(sel, k);
     bool use_bound = false;
     {

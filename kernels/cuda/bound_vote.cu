@@ -20,7 +20,9 @@
 //   list   every token whose upper bound reaches T (a superset of the exact top k, ties
 //          included): a counting pass, then the block's candidates in index order at the start
 //          of its own range of cand_index / cand_slots (ranges are disjoint: no grid barrier),
-//          their key rows prefetched into L2 and their slots kept in shared memory.
+//          their key rows prefetched into L2 and their slots kept in shared memory. Then the
+//          warp discards its bounds' lines from L2 (the scoring stored them evict_last: they
+//          are never written back to DRAM; l2_policy.cuh).
 //   score  the block's warps score its candidates (candidate_vote.cuh) into cand_vote.
 //   pick   every block arrives at a last grid counter; all but the last to arrive leave. That
 //          one (the picker) gathers the candidates in index order (shared memory for the first
@@ -62,6 +64,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_length.h"
 #include "kernels/cuda/kernel_attributes.h"
+#include "kernels/cuda/l2_policy.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/selection.h"
 #include "kernels/cuda/top_k_block.cuh"
@@ -288,6 +291,15 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
       }
     });
   };
+  // The bounds' 128-byte lines of tokens [first, last) (first a multiple of 32), this thread
+  // taking lines at, at + step, ...: dropped from L2 unwritten (l2_policy.cuh). Each is read
+  // by the block that drops it, before.
+  auto discard_bounds = [&](int64_t first, int64_t last, int64_t at, int64_t step) {
+    for (int64_t t = first + 32 * at; t < last; t += 32 * step) {
+      DiscardL2Line(work.bound + t);
+      DiscardL2Line(work.top_term + t);
+    }
+  };
   if (k >= n) {  // the same branch in every block: every token is a candidate and a pick
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -296,6 +308,8 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
       work.cand_slots[i] = keys.slots[i];
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *work.count = static_cast<int32_t>(n);
+    discard_bounds(0, n, blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x,
+                   static_cast<int64_t>(gridDim.x) * blockDim.x);
     stage();
     CpAsyncWaitAll();
     __syncthreads();
@@ -550,6 +564,7 @@ __global__ void __launch_bounds__(kThreads, 1) ScreenKernel(ScreenArgs a) {
   }
 #pragma unroll 1
   for (int64_t t = begin + 32 * kTiles; t < end; t += 32) list(further_mask(t), t + lane);
+  discard_bounds(begin, end, lane, 32);  // the warp's last read of them was above
   if (threadIdx.x == 0) ws[kEqual + blockIdx.x] = block_count;
   CpAsyncWaitAll();
   __syncthreads();  // the list entries above are visible to the block; the staged query

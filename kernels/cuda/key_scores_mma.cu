@@ -56,6 +56,7 @@
 #include "kernels/cuda/decode_attention_internal.h"
 #include "kernels/cuda/kernel_attributes.h"
 #include "kernels/cuda/key_scores_internal.cuh"
+#include "kernels/cuda/l2_policy.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/selection.h"
 
@@ -165,6 +166,15 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // no block stalls at its start: H100 selection at 1M 0.7745-0.7763 -> 0.7706-0.7723 ms, on the
 // FP8 bench's data 0.7962 -> 0.7787 (docs/kernel_tuning_log.md). Waiting for the sample after
 // 8 steps instead cost 1-5 us.
+// The L2 (thirty-second session): in bound mode the keys are read under an evict_first policy
+// and the bounds stored under an evict_last one, and the screen discards the bounds' lines once
+// read (l2_policy.cuh): the 8 bytes per token never reach DRAM. Their write-back had cost the
+// key stream ~2%: with the stores left out (timing only) the bound scoring at 1M took 0.722
+// against 0.740 ms on an H100. Evict_last stores alone kept only part of the lines (the chain
+// 0.770 against 0.776 ms); the keys' evict_first is what keeps them: the selection at 1M
+// 0.7763-0.7782 -> 0.7504-0.7522 ms, at 512K 0.4106-0.4129 -> 0.3947-0.3994 (H100, alternating
+// in one call). The plain chain keeps normal loads: evict_first keys slowed its scoring (128
+// MiB of logits written) from 0.790 to 0.803 ms.
 // FP8 keys in bound mode are held to 3 blocks per SM (80 registers, no spills; 94 gave 2):
 // bench_fp8_kv_cuda's FP8 selection at 512K / 1M went 0.2196-0.2224 -> 0.1980-0.2003 and
 // 0.3839-0.3852 -> 0.3385-0.3395 ms on an H200 (the plain chain 0.2000-0.2013 / 0.3687-0.3690:
@@ -207,25 +217,39 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kBound ? 3 : 2)
   // Copy instruction i takes tokens 2 i and 2 i + 1 of the tile whole: lanes 0-15 the first's
   // 16 pieces, lanes 16-31 the second's (512 contiguous bytes per instruction and token pair).
   const uint4* head_keys = keys + kv * kD * 2 / 16;
-  auto issue_tile = [&](int base, int stage) {
+  // Bound mode: the keys, read once, are evicted first, so that the bounds stay in L2 for the
+  // screen (l2_policy.cuh). The prologue's copies (`hint` false) go without the policy: there
+  // ptxas 13.0 gave the policy's descriptor an odd uniform register (LDGSTS ... desc[UR1]),
+  // an illegal instruction at run time; the loop's copies get even ones. Checked by
+  // disassembly (no odd desc register in the binary) and by the GPU tests, which fault if it
+  // comes back.
+  const uint64_t key_policy = kBound ? L2EvictFirst() : 0u;
+  auto issue_tile = [&](int base, int stage, bool hint) {
 #pragma unroll
     for (int i = 0; i < kTile / 2; ++i) {
       const int tok = 2 * i + (lane >> 4);
       const int64_t slot = __ldg(p.slots + min(base + tok, end - 1));
-      CpAsyncCa16(stage_at(stage, tok, lane & 15), head_keys + slot * row_vecs + (lane & 15));
+      const uint4* src = head_keys + slot * row_vecs + (lane & 15);
+      if (kBound && hint) {
+        CpAsyncCa16Policy(stage_at(stage, tok, lane & 15), src, key_policy);
+      } else {
+        CpAsyncCa16(stage_at(stage, tok, lane & 15), src);
+      }
     }
   };
   // kStages == 0 (FP8 keys): this lane's pieces of tokens base + g and base + g + 8 into
   // registers (clamped: an L2 hit, masked later).
   uint4 raw[2][kVecs];
-  auto load_tile = [&](int base) {
+  auto load_tile = [&](int base, bool hint) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int tok = min(base + g + 8 * r, end - 1);
       const int64_t slot = __ldg(p.slots + tok);
       const uint4* src = keys + slot * row_vecs + lane_vec;
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v) raw[r][v] = __ldg(src + v);
+      for (int v = 0; v < kVecs; ++v) {
+        raw[r][v] = kBound && hint ? LdgPolicy(src + v, key_policy) : __ldg(src + v);
+      }
     }
   };
   int base = begin + row * kTile;
@@ -244,12 +268,12 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kBound ? 3 : 2)
   if constexpr (kStages > 0) {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (issue < end) issue_tile(issue, s);
+      if (issue < end) issue_tile(issue, s, /*hint=*/false);
       CpAsyncCommit();
       issue += stride;
     }
   } else {
-    if (base < end) load_tile(base);
+    if (base < end) load_tile(base, /*hint=*/false);
   }
   // Query fragments: column g of MMA m is head g / 2, part (g % 2) + 2 m (FP8: parts 0, 1 in the
   // one MMA; bf16: 0, 1 in the first, 2 and zero in the second). Built while the first tiles'
@@ -375,8 +399,10 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kBound ? 3 : 2)
           top = max(top, (__float_as_uint(e[u]) & ~31u) | static_cast<uint32_t>(4 * q + u));
         }
       }
-      p.vote_bound[window_begin + i] = sum;
-      p.vote_top[window_begin + i] = top;
+      const uint64_t keep = L2EvictLast();  // until the screen reads and discards them
+      StorePolicy(reinterpret_cast<uint32_t*>(p.vote_bound) + window_begin + i,
+                  __float_as_uint(sum), keep);
+      StorePolicy(p.vote_top + window_begin + i, top, keep);
     }
     __syncthreads();
   };
@@ -384,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kBound ? 3 : 2)
   for (; kBound ? base - row * kTile < walk_end : base < end; base += stride) {
     if constexpr (kStages > 0) {
       __syncwarp();  // every lane has read the stage refilled next
-      if (issue < end) issue_tile(issue, (stage + kStages - 1) % kStages);
+      if (issue < end) issue_tile(issue, (stage + kStages - 1) % kStages, /*hint=*/true);
       CpAsyncCommit();
       issue += stride;
       CpAsyncWait<kStages - 1>();
@@ -407,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kBound ? 3 : 2)
     if constexpr (kStages > 0) {
       stage = (stage + 1) % kStages;
     } else {
-      if (base + stride < end) load_tile(base + stride);
+      if (base + stride < end) load_tile(base + stride, /*hint=*/true);
     }
     float c[kMmas][4] = {};
 #pragma unroll

@@ -195,7 +195,9 @@ struct BoundVoteParams {
   // BoundVoteWorkspaceBytes(score.n, score.num_heads) bytes, zeroed once after allocation (the
   // launches leave its counters zeroed). Its parts: BoundVoteWorkspace.
   void* workspace = nullptr;
-  int launches = 2;                     // benchmarks: 1 stops after the scoring
+  // Benchmarks: 1 stops after the scoring. The bounds, stored evict_last in L2 for the screen
+  // to read and discard, then stay there until overwritten (l2_policy.cuh).
+  int launches = 2;
   // Checks: afterwards the workspace's cand_index / cand_vote [0, *count) hold the candidates
   // in index order with their votes (a few microseconds more; *count is always written).
   bool list_candidates = false;
@@ -205,8 +207,10 @@ struct BoundVoteParams {
 struct BoundVoteWorkspace {
   void* score_workspace;   // ScoreKeysWorkspaceBytes
   void* top_k_workspace;   // TopKWorkspaceBytes: the screen's radix select
-  float* bound;            // [n] KeyScoreParams::vote_bound (then the screen's scratch)
-  uint32_t* top_term;      // [n] KeyScoreParams::vote_top (the same)
+  // [n] each: KeyScoreParams::vote_bound / vote_top, then the screen's scratch; undefined after
+  // the screen (it discards their L2 lines unwritten).
+  float* bound;
+  uint32_t* top_term;
   float* sample_max;       // [num_heads]
   float* sample_inv_sum;   // [num_heads]
   // [n] each: the candidates, their cache slots and votes, by the screen's blocks' ranges;
