@@ -227,10 +227,13 @@ struct BoundVoteWorkspace {
 // 0.6458, 0.4244 / 0.4492) and 1M (0.7759 / 0.8530, 0.5520 / 0.5882) by more. At 128K and below
 // it is slower (32K, twenty-ninth session: 0.116 against 0.050 ms). Between them (thirty-first
 // session, same bench): at 256K slower on both (H100 0.2337 / 0.2306, H200 0.1800 / 0.1682), at
-// 384K faster on an H100 (0.3246 / 0.3350) but slower on an H200 (0.2417 / 0.2399): 512K keeps
-// both on their faster chain. (The twenty-ninth session's screen was equal at 512K on an H100,
-// slower on an H200: the threshold was 768K.)
-constexpr int64_t kBoundVoteMinCandidates = 512 * 1024;
+// 384K faster on an H100 (0.3246 / 0.3350) but slower on an H200 (0.2417 / 0.2399): the
+// threshold was 512K. (The twenty-ninth session's screen was equal at 512K on an H100, slower on
+// an H200: the threshold was 768K.) Thirty-second session, with the bounds kept in L2
+// (l2_policy.cuh): at 384K faster on both (H100 0.3071 / 0.3353, H200 0.2238 / 0.2367), at 256K
+// faster on an H100 (0.2208 / 0.2306) and equal on an H200 (0.1663 / 0.1663), at 128K slower on
+// both (0.1325 / 0.1269, 0.1070 / 0.0955): the threshold is 384K.
+constexpr int64_t kBoundVoteMinCandidates = 384 * 1024;
 
 size_t BoundVoteWorkspaceBytes(int64_t n, int64_t num_heads);
 BoundVoteWorkspace CarveBoundVoteWorkspace(void* workspace, int64_t n, int64_t num_heads);
