@@ -183,7 +183,8 @@ def main():
             return
         for n in SELECT_SIZES:
             # The chain the engine runs at this length (bench_kernels_cuda's "engine selection"
-            # row: the bound-vote selection from 512K candidates, the plain one below).
+            # row: the bound-vote selection from kBoundVoteMinCandidates = 384K candidates, the
+            # plain one below).
             ms, pct_read = get(f"select N={n >> 10}K engine selection")
             if ms:
                 fair, bf16 = peers[("fp32 softmax", n)], peers[("bf16 softmax", n)]

@@ -25,7 +25,8 @@ constexpr int kCandPerThread = 16;
 constexpr int kMaxCandidates = kThreads * kCandPerThread;
 
 // Workspace layout (uint32 words). Words [0, kControlWords) are zero at launch and cleared
-// again at the end (TopK: by the last block to finish; the screen: by block 0).
+// again at the end (TopK: by the last block to finish; the screen: by its picker, the last block
+// to arrive).
 constexpr int kHist0 = top_k_digit::kHist0;    // [kTopBins]
 constexpr int kHist1 = kHist0 + kTopBins;      // [kLowBins] (slow path)
 constexpr int kHist2 = kHist1 + kLowBins;      // [kLowBins] (slow path)
@@ -231,7 +232,6 @@ __device__ Digit ChooseDigitGlobal(const uint32_t* hist, uint32_t remaining) {
   for (int e = 0; e < kPer; ++e) c[e] = w[kPer - 1 - e];  // highest bin first
   return ChooseDigitOf<kBins>(c, remaining);
 }
-
 
 // Two 10-bit digits of T below those fixed in (*threshold, *mask), at shifts first_shift and 0,
 // from a list of count <= kMaxCandidates keys that the whole block holds (ckey[u]: entry

@@ -23,10 +23,10 @@
 //     whose plain vote is above t (1 + 1e-5).
 // The cases reach the screen's ways to T (bound_vote.cu): the chosen bin's edge (most), the
 // bin's keys listed (flat logits, n 6000) and the crowded bin's grid-wide passes (flat logits,
-// n 40000); more candidates than block 0 keeps in shared memory (the spikes, the flat ones).
-// And block 0's ways to pick (PickFromHeldList, PickFromList): the chosen bin's keys ranked
-// (most), its low digits (flat logits), the whole list's radix passes (past shared memory, and
-// logit std 100 with k near n, where most votes are below 2^-123: a crowded clamped bin).
+// n 40000); more candidates than the picker keeps in shared memory (the spikes, the flat ones).
+// And the picker's ways (the last block to arrive; PickFromList): the chosen bin's keys ranked
+// (most), or TopK's radix passes over the whole list when that bin is crowded (the flat logits,
+// and logit std 100 with k near n, where most votes are below 2^-123: the clamped bottom bin).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
