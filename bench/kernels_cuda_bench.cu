@@ -25,8 +25,8 @@
 // (check + score, + vote, + top-k; the step without the check), to see what each kernel adds,
 // and A/B rows: the selection and the step with the top-k's own first histogram, sparse decode
 // at other split counts.
-// --crossover adds selection sizes 256K and 384K (around where the engine switches to the
-// bound-vote chain, kBoundVoteMinCandidates = 384K) and 768K (between 512K and 1M).
+// --crossover adds selection sizes 256K, 320K and 384K (around where the engine switches to the
+// bound-vote chain, kBoundVoteMinCandidates = 320K) and 768K (between 512K and 1M).
 // --selection-only=K[,K...] times the selection rows alone at these sizes (in K tokens, 1024 at
 // most): no decode step, no decode rows; the fp64 check runs only when the first size is at
 // most 128K (the bound chain's check against the plain chain runs at every size). For quick A/B
@@ -355,7 +355,9 @@ int Main(int argc, char** argv) {
   DeviceBuffer<float> d_query(query);
   const int64_t k = 2048;
   std::vector<int64_t> sizes = {32 << 10, 128 << 10, 512 << 10, 1 << 20};
-  if (crossover) sizes = {32 << 10, 128 << 10, 256 << 10, 384 << 10, 512 << 10, 768 << 10, 1 << 20};
+  if (crossover) {
+    sizes = {32 << 10, 128 << 10, 256 << 10, 320 << 10, 384 << 10, 512 << 10, 768 << 10, 1 << 20};
+  }
   const bool selection_only = !only_sizes.empty();
   if (selection_only) sizes = only_sizes;
   for (int64_t n : sizes) {

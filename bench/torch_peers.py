@@ -183,7 +183,7 @@ def main():
             return
         for n in SELECT_SIZES:
             # The chain the engine runs at this length (bench_kernels_cuda's "engine selection"
-            # row: the bound-vote selection from kBoundVoteMinCandidates = 384K candidates, the
+            # row: the bound-vote selection from kBoundVoteMinCandidates = 320K candidates, the
             # plain one below).
             ms, pct_read = get(f"select N={n >> 10}K engine selection")
             if ms:

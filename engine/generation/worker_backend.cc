@@ -199,7 +199,7 @@ absl::StatusOr<int64_t> PlanKvTokens(const ModelConfig& c, int64_t budget_bytes,
       max_chunk * (8 * c.hidden_size + 4 * (q + 2 * kv) + 6 * c.intermediate_size) +
       max_batch * c.vocab_size * 4 + 2 * kGiB;
   // Per KV slot: K and V of every layer (bf16 or FP8), plus the selection scratch a request holds
-  // per token it may attend (fp32 scores per query head and the vote; from 384K candidates also
+  // per token it may attend (fp32 scores per query head and the vote; from 320K candidates also
   // the bound-vote selection's five words: kernels/cuda/selection.h, BoundVoteWorkspaceBytes),
   // and a quarter page-table margin for Quest's page bounds.
   const int64_t per_token =

@@ -13,7 +13,7 @@
 //                                              -> pages best first into k tokens
 //                                              (kernels/cuda/span_scoring.h)
 // then sinks + picks + window + the new tokens at compact positions. On one GPU, TokenSelect
-// lists of kBoundVoteMinCandidates (384K) candidates or more are scored, voted and ranked by the
+// lists of kBoundVoteMinCandidates (320K) candidates or more are scored, voted and ranked by the
 // bound-vote selection instead (BoundVoteSelect, kernels/cuda/selection.h: no fp32 logits in
 // memory, the same picks up to near-ties; head_dim 128, groups of 4). Decode steps go through
 // the per-layer selection cache, kept on the device: the cosine check writes a hit flag that the
@@ -40,7 +40,7 @@
 // One per request; not thread-safe. Every launch goes to the query's stream. Memory: besides the
 // per-layer cache entries (L x (H*d floats + k ids)), each provider owns its scoring scratch
 // (max_tokens x H fp32 logits, votes, top-k workspace: ~132 MB at 1M tokens and 32 heads; the
-// bound-vote workspace adds 20 bytes per token from 384K), which providers that share a stream
+// bound-vote workspace adds 20 bytes per token from 320K), which providers that share a stream
 // could share; that is left for the decode worker's GPU path.
 #ifndef TOKENSELECT_ENGINE_SELECTION_CUDA_SELECTION_H_
 #define TOKENSELECT_ENGINE_SELECTION_CUDA_SELECTION_H_

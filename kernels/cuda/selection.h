@@ -232,8 +232,12 @@ struct BoundVoteWorkspace {
 // an H200: the threshold was 768K.) Thirty-second session, with the bounds kept in L2
 // (l2_policy.cuh): at 384K faster on both (H100 0.3071 / 0.3353, H200 0.2238 / 0.2367), at 256K
 // faster on an H100 (0.2208 / 0.2306) and equal on an H200 (0.1663 / 0.1663), at 128K slower on
-// both (0.1325 / 0.1269, 0.1070 / 0.0955): the threshold is 384K.
-constexpr int64_t kBoundVoteMinCandidates = 384 * 1024;
+// both (0.1325 / 0.1269, 0.1070 / 0.0955): the threshold was 384K. Thirty-third session,
+// bench_fp8_kv_cuda (both cache types, plain / bound): at 320K faster on both GPUs with bf16 keys
+// (H100 0.2879 / 0.2631, H200 0.2097 / 0.1983) and FP8 keys (0.1823 / 0.1672, 0.1419 / 0.1380),
+// at 256K equal with FP8 keys on an H200 (0.1161 / 0.1179, 0.1158 / 0.1160), at 192K slower
+// with FP8 keys on both: the threshold is 320K.
+constexpr int64_t kBoundVoteMinCandidates = 320 * 1024;
 
 size_t BoundVoteWorkspaceBytes(int64_t n, int64_t num_heads);
 BoundVoteWorkspace CarveBoundVoteWorkspace(void* workspace, int64_t n, int64_t num_heads);
