@@ -14,6 +14,25 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
   | tee "$out/gpu.txt"
 
 if [[ $what == all || $what == tests ]]; then
+  # ptxas 13.0 can give an L2 cache policy's memory descriptor an odd uniform register (seen on
+  # cp.async in key_scores_mma.cu's prologue: docs/kernel_tuning_log.md, thirty-second session),
+  # which faults as an illegal instruction at run time. Every binary's SASS is searched for one.
+  cuobjdump=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+  if [[ -x $cuobjdump ]]; then
+    odd=0
+    for b in .gpu/bin/*; do
+      n=$("$cuobjdump" -sass "$b" 2>/dev/null | grep -cE 'desc\[UR[0-9]*[13579]\]')
+      if (( n > 0 )); then echo "$(basename "$b"): $n odd descriptor registers"; fi
+      odd=$((odd + n))
+    done
+    if (( odd == 0 )); then
+      summary+=("PASS  SASS: no memory descriptor in an odd uniform register")
+    else
+      summary+=("FAIL  SASS: $odd memory descriptors in odd uniform registers (above)")
+    fi
+  else
+    summary+=("skip  SASS check: no cuobjdump")
+  fi
   for t in .gpu/bin/gpu_*_test; do
     name=$(basename "$t")
     if .gpu/run "$name" > "$out/$name.log" 2>&1; then
