@@ -15,13 +15,12 @@ sub-directory per preset, as `tokenselect make-model --preset P [--init hf] --ou
 them (tests/data/golden_trained holds its checkpoint itself); a checkpoint whose SHA-256 differs
 from the manifest's is refused.
 
-For every preset and prompt it runs greedy continuations (argmax, lowest id on ties, with a KV
-cache, as make_golden.py does) on cuda in float32 (eager), bfloat16 (eager) and bfloat16 (sdpa),
-and counts those identical to the recorded one. Where one parts, it prints the step and the
+For every preset and prompt it runs greedy continuations (make_golden.py's: argmax, lowest id
+on ties, with a KV cache) on cuda in float32 (eager), bfloat16 (eager) and bfloat16 (sdpa), and
+counts those identical to the recorded one. Where one parts, it prints the step and the
 float32 model's logit gap between the recorded pick and the other one, over the RMS of those
 logits: a near-tie is a few percent of it or less.
 """
-import hashlib
 import json
 import os
 import sys
@@ -30,21 +29,13 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
+# The goldens' own greedy continuation and checkpoint hash (the recording script's).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "data", "golden"))
+from make_golden import greedy, sha256  # noqa: E402
+
 RUNS = [("fp32 eager", torch.float32, "eager"), ("bf16 eager", torch.bfloat16, "eager"),
         ("bf16 sdpa", torch.bfloat16, "sdpa")]
-
-
-@torch.no_grad()
-def greedy(model, ids, steps):
-    out = model(input_ids=ids, use_cache=True)
-    past, logits, tokens = out.past_key_values, out.logits[0, -1], []
-    for _ in range(steps):
-        nxt = int(torch.argmax(logits).item())  # the first maximal index: the lowest id on ties
-        tokens.append(nxt)
-        out = model(input_ids=torch.tensor([[nxt]], device=ids.device), past_key_values=past,
-                    use_cache=True)
-        past, logits = out.past_key_values, out.logits[0, -1]
-    return tokens
 
 
 @torch.no_grad()
@@ -71,8 +62,7 @@ def main(pairs):
         prompts = 0
         for preset, entry in sorted(manifest["presets"].items()):
             path = os.path.join(ckpt_root, preset)
-            with open(os.path.join(path, "model.safetensors"), "rb") as f:  # a few MB
-                got = hashlib.sha256(f.read()).hexdigest()
+            got = sha256(os.path.join(path, "model.safetensors"))
             if got != entry["safetensors_sha256"]:
                 sys.exit(f"{path}: checkpoint differs from {golden_dir}'s ({got})")
             models = {name: AutoModelForCausalLM.from_pretrained(

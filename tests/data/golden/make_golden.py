@@ -49,6 +49,8 @@ def positions_for(length):
 
 @torch.no_grad()
 def greedy(model, ids, steps):
+    """The greedy continuation (`steps` tokens) of ids [1, length] with a KV cache, on ids'
+    device (bench/hf_bf16_greedy.py runs it on the GPU)."""
     out = model(input_ids=ids, use_cache=True)
     past = out.past_key_values
     tokens = []
@@ -57,7 +59,8 @@ def greedy(model, ids, steps):
         # argmax returns the first maximal index: the lowest id on ties.
         nxt = int(torch.argmax(logits).item())
         tokens.append(nxt)
-        out = model(input_ids=torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+        out = model(input_ids=torch.tensor([[nxt]], device=ids.device), past_key_values=past,
+                    use_cache=True)
         past = out.past_key_values
         logits = out.logits[0, -1]
     return tokens
