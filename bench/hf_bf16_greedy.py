@@ -6,7 +6,7 @@ checkpoints for issue 6's "identical greedy continuations (32 tokens) on >= 95% 
 
 Usage (on a GPU host with PyTorch and transformers; no network):
 
-    python3 bench/hf_bf16_greedy.py GOLDEN_DIR CHECKPOINTS_DIR [GOLDEN_DIR CHECKPOINTS_DIR ...]
+    python3 bench/hf_bf16_greedy.py [--ours FILE] GOLDEN_DIR CHECKPOINTS_DIR [GOLDEN_DIR CHECKPOINTS_DIR ...]
 
 GOLDEN_DIR holds a golden.json written by tests/data/golden/make_golden.py (or
 tests/data/golden_trained/make_trained.py): per preset, prompts and their 32-token greedy
@@ -20,6 +20,12 @@ on ties, with a KV cache) on cuda in float32 (eager), bfloat16 (eager) and bfloa
 counts those identical to the recorded one. Where one parts, it prints the step and the
 float32 model's logit gap between the recorded pick and the other one, over the RMS of those
 logits: a near-tie is a few percent of it or less.
+
+Then it counts how often two bf16 runs agree with each other: transformers' eager and sdpa
+attention, and, with --ours FILE (the JSON lines gpu_hf_parity_test appends to the file named by
+TS_HF_PARITY_CONTINUATIONS, run with the same GOLDEN_DIR spellings), our GPU backend against
+either. Two bf16 implementations part wherever a near-tie falls within their rounding, so these
+counts say how much of the gap to float32 is precision rather than a wrong forward pass.
 """
 import json
 import os
@@ -36,6 +42,8 @@ from make_golden import greedy, sha256  # noqa: E402
 
 RUNS = [("fp32 eager", torch.float32, "eager"), ("bf16 eager", torch.bfloat16, "eager"),
         ("bf16 sdpa", torch.bfloat16, "sdpa")]
+# The pairs of bf16 runs whose continuations are compared with each other ("ours": --ours).
+AGREEMENT = [("bf16 eager", "bf16 sdpa"), ("ours", "bf16 eager"), ("ours", "bf16 sdpa")]
 
 
 @torch.no_grad()
@@ -48,7 +56,17 @@ def gap_at(reference, ids, recorded, step, other):
     return float(logits[recorded[step]] - logits[other]) / rms
 
 
-def main(pairs):
+def load_ours(path):
+    """{(golden_dir, preset, prompt index): continuation} from gpu_hf_parity_test's lines."""
+    ours = {}
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            ours[(os.path.normpath(r["golden"]), r["preset"], r["prompt"])] = r["greedy"]
+    return ours
+
+
+def main(pairs, ours):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     transformers.utils.logging.disable_progress_bar()
@@ -59,6 +77,7 @@ def main(pairs):
         manifest = json.load(open(os.path.join(golden_dir, "golden.json")))
         steps = manifest["greedy_tokens"]
         totals = {name: 0 for name, _, _ in RUNS}
+        agree = {pair: 0 for pair in AGREEMENT}
         prompts = 0
         for preset, entry in sorted(manifest["presets"].items()):
             path = os.path.join(ckpt_root, preset)
@@ -68,33 +87,49 @@ def main(pairs):
             models = {name: AutoModelForCausalLM.from_pretrained(
                 path, dtype=dtype, attn_implementation=attn).to("cuda").eval()
                 for name, dtype, attn in RUNS}
-            for p in entry["prompts"]:
+            for index, p in enumerate(entry["prompts"]):
                 prompts += 1
                 ids, recorded = p["ids"], p["greedy"]
                 x = torch.tensor([ids], device="cuda")
                 line = []
+                conts = {"ours": ours.get((os.path.normpath(golden_dir), preset, index))}
+                if ours and conts["ours"] is None:
+                    print(f"  --ours has no continuation for {golden_dir} {preset} prompt {index}")
                 for name, _, _ in RUNS:
                     cont = greedy(models[name], x, steps)
+                    conts[name] = cont
                     if cont == recorded:
                         totals[name] += 1
                         continue
                     step = next(i for i in range(steps) if cont[i] != recorded[i])
                     gap = gap_at(models["fp32 eager"], ids, recorded, step, cont[step])
                     line.append(f"{name} parts at step {step} (fp32 gap {100 * gap:.2f}% of RMS)")
+                for a, b in AGREEMENT:
+                    agree[(a, b)] += conts[a] is not None and conts[a] == conts[b]
                 if line:
                     print(f"  {golden_dir} {preset} length {len(ids)}: " + "; ".join(line))
             del models
             torch.cuda.empty_cache()
-        table.append((golden_dir, prompts, totals))
+        table.append((golden_dir, prompts, totals, agree))
     print("\nidentical 32-token greedy continuations (against the recorded fp32 CPU ones):")
     print(f"{'goldens':34s} " + " ".join(f"{name:>12s}" for name, _, _ in RUNS))
-    for golden_dir, prompts, totals in table:
+    for golden_dir, prompts, totals, _ in table:
         print(f"{golden_dir:34s} " +
               " ".join(f"{f'{totals[name]} of {prompts}':>12s}" for name, _, _ in RUNS))
+    pairs_shown = [pair for pair in AGREEMENT if ours or "ours" not in pair]
+    print("\nidentical 32-token greedy continuations, bf16 against bf16:")
+    print(f"{'goldens':34s} " + " ".join(f"{a + ' = ' + b:>22s}" for a, b in pairs_shown))
+    for golden_dir, prompts, _, agree in table:
+        print(f"{golden_dir:34s} " +
+              " ".join(f"{f'{agree[pair]} of {prompts}':>22s}" for pair in pairs_shown))
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    ours = {}
+    if args[:1] == ["--ours"] and len(args) > 1:
+        ours = load_ours(args[1])
+        args = args[2:]
     if not args or len(args) % 2:
         sys.exit(__doc__)
-    main(list(zip(args[0::2], args[1::2])))
+    main(list(zip(args[0::2], args[1::2])), ours)

@@ -14,6 +14,9 @@
 //     logits sit within the bf16 rounding.
 // TS_HF_GOLDEN_DIR points the second case at other goldens, with their checkpoints in one
 // sub-directory per preset.
+// TS_HF_PARITY_CONTINUATIONS names a file to which every prompt's continuation is appended as a
+// JSON line {"golden", "preset", "prompt", "greedy"}: bench/hf_bf16_greedy.py --ours compares
+// them with transformers' own bf16 continuations.
 // Greedy agreement is printed for all three (see docs/gpu.md for what these models allow). At a
 // continuation's first difference the test prints our logit of our token minus our logit of
 // transformers' token, against the logits' RMS: how near a tie the flip was; for the quiet and
@@ -89,6 +92,7 @@ Summary Compare(const std::string& golden_dir, DummyInit init) {
     const int64_t vocab = model.config().vocab_size;
     const std::vector<float> hf_rows = ReadFloats(golden_dir + "/" + preset + ".logits.bin");
     int64_t row = 0;
+    int prompt_index = 0;  // within the preset
     for (const nlohmann::json& prompt : entry["prompts"]) {
       const std::vector<int32_t> ids = prompt["ids"].get<std::vector<int32_t>>();
       std::vector<float> logits;
@@ -120,6 +124,14 @@ Summary Compare(const std::string& golden_dir, DummyInit init) {
           EXPECT_TRUE(model.Forward(absl::MakeConstSpan(&greedy.back(), 1), &logits).ok());
         }
       }
+      if (const char* path = std::getenv("TS_HF_PARITY_CONTINUATIONS")) {
+        std::ofstream(path, std::ios::app)
+            << nlohmann::json{{"golden", golden_dir}, {"preset", preset},
+                              {"prompt", prompt_index}, {"greedy", greedy}}
+                   .dump()
+            << "\n";
+      }
+      ++prompt_index;
       ++summary.prompts;
       summary.same_greedy += greedy == want;
       const size_t first = gpu_test::FirstDifference(greedy, want);
