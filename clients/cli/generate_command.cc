@@ -71,8 +71,8 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(int64_t, max_context, 131072,
           "generate: with --device cuda, the KV capacity in tokens (prompt + new tokens).");
 ABSL_FLAG(std::string, kv_dtype, "bf16",
-          "generate: with --device cuda, the KV cache's element type: bf16, or fp8 (e4m3 with "
-          "per-head scales, half the memory per token; docs/fp8_kv.md).");
+          "generate, serve: with --device cuda, the KV cache's element type: bf16, or fp8 (e4m3 "
+          "with per-head scales, half the memory per token; docs/fp8_kv.md).");
 ABSL_FLAG(int32_t, tp, 1,
           "generate: with --device cuda, tensor-parallel size: the model sharded by heads over "
           "GPUs 0 .. tp - 1.");

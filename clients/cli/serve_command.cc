@@ -27,6 +27,7 @@
 #include "engine/generation/demo_checkpoint.h"
 #include "engine/generation/model_loader.h"
 #include "engine/generation/worker_backend.h"
+#include "engine/model/kv_cache_dtype.h"
 #include "prefill_worker/prefill_worker.h"
 #include "router/router_server.h"
 #include "rpc/credentials.h"
@@ -56,6 +57,7 @@ ABSL_DECLARE_FLAG(int64_t, page_size);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int32_t, tp);
 ABSL_DECLARE_FLAG(int32_t, tp_invariant);
+ABSL_DECLARE_FLAG(std::string, kv_dtype);
 ABSL_DECLARE_FLAG(std::string, tls_cert);
 ABSL_DECLARE_FLAG(std::string, tls_key);
 ABSL_DECLARE_FLAG(std::string, tls_ca);
@@ -108,6 +110,7 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   backend.kv_pages = absl::GetFlag(FLAGS_kv_pages);
   backend.page_size = absl::GetFlag(FLAGS_page_size);
   backend.tp_invariant = absl::GetFlag(FLAGS_tp_invariant);
+  ASSIGN_OR_RETURN(backend.kv_dtype, engine::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_dtype)));
   RETURN_IF_ERROR(engine::ValidateWorkerBackendOptions(backend));
   if (absl::GetFlag(FLAGS_tp) != 1) {
     return absl::InvalidArgumentError(

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -296,19 +297,20 @@ TEST_F(ServicesTest, RemoteCliMatchesOfflineCli) {
   EXPECT_EQ(remote_out, offline_out);  // the streamed text and the ids line
 }
 
+std::string ReadLog(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 // --device: a bad value is refused naming the flag; cuda either runs (GPU host, CUDA build) and
 // prints ids, or fails with a clear reason (no GPU here, or a build without CUDA), never crashes.
 TEST_F(ServicesTest, OfflineCliDeviceFlag) {
-  auto read_log = [](const std::string& path) {
-    std::ifstream in(path);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
   int rc = 0;
   RunAndCapture({BinDir() + "/tokenselect", "generate", "--model", *model_, "--prompt", "x",
                  "--device", "tpu"},
                 *dir_ + "/device-tpu.log", &rc);
   EXPECT_NE(rc, 0);
-  EXPECT_THAT(read_log(*dir_ + "/device-tpu.log"), HasSubstr("--device must be cpu or cuda"));
+  EXPECT_THAT(ReadLog(*dir_ + "/device-tpu.log"), HasSubstr("--device must be cpu or cuda"));
   const std::string out =
       RunAndCapture({BinDir() + "/tokenselect", "generate", "--model", *model_, "--prompt", "x",
                      "--max_new_tokens", "3", "--device", "cuda", "--max_context", "64",
@@ -317,10 +319,27 @@ TEST_F(ServicesTest, OfflineCliDeviceFlag) {
   if (rc == 0) {
     EXPECT_THAT(out, HasSubstr("ids: "));
   } else {
-    const std::string log = read_log(*dir_ + "/device-cuda.log");
+    const std::string log = ReadLog(*dir_ + "/device-cuda.log");
     EXPECT_TRUE(log.find("no usable CUDA device") != std::string::npos ||
                 log.find("this build has no CUDA backend") != std::string::npos)
         << log;
+  }
+}
+
+// serve --all-in-one reads --kv_dtype as the worker binaries do: a bad value, or fp8 on the CPU
+// (whose KV stays fp32), is refused naming the flag before anything starts serving.
+TEST_F(ServicesTest, ServeAllInOneKvDtypeFlag) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"fp4", "--kv_dtype must be bf16 or fp8"},
+      {"fp8", "--kv_dtype fp8 needs --device cuda"}};
+  for (const auto& [value, message] : cases) {
+    const std::string log = absl::StrCat(*dir_, "/serve-kv-dtype-", value, ".log");
+    int rc = 0;
+    RunAndCapture({BinDir() + "/tokenselect", "serve", "--all-in-one", "--model", *model_,
+                   "--device", "cpu", "--port", "0", "--kv_dtype", value},
+                  log, &rc);
+    EXPECT_NE(rc, 0) << value;
+    EXPECT_THAT(ReadLog(log), HasSubstr(message)) << value;
   }
 }
 
