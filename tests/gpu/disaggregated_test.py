@@ -17,10 +17,13 @@ With --prefill_tp / --decode_tp the workers run tensor parallel (prefill on GPUs
 on P .. P+D-1) and the K/V goes through the host transport (every KV head in the wire rows,
 sliced per rank on both sides). --tp_invariant S gives the all-in-one server and both workers
 TP-invariant numerics (docs/parallel.md): then every continuation must match all-in-one.
+--kv_dtype fp8 gives the all-in-one server and both workers an FP8 (e4m3) KV cache: the K/V
+then moves between the workers as raw e4m3 bytes, and every continuation must still match
+all-in-one's (the same kernels on the same K/V bytes).
 
 usage: disaggregated_test.py --bin DIR --work DIR [--long N] [--bench] [--bench_tokens N]
                              [--prefill_tp P] [--decode_tp D] [--transport host|nccl]
-                             [--tp_invariant S]
+                             [--tp_invariant S] [--kv_dtype bf16|fp8]
 Exit status 0 when every check holds; the log lines say what was measured.
 """
 import argparse
@@ -193,6 +196,8 @@ def correctness(a, cli, client):
 
     if a.tp_invariant:
         kv += ["--tp_invariant", str(a.tp_invariant)]
+    if a.kv_dtype != "bf16":
+        kv += ["--kv_dtype", a.kv_dtype]
     aio = Proc("all_in_one", [cli, "serve", "--all-in-one", "--model", model, "--device", a.device,
                               "--gpu", "0", "--port", "56001"] + kv, a.work)
     check(wait_serving(cli, 56001), "all-in-one server up")
@@ -309,6 +314,9 @@ def main():
     ap.add_argument("--tp_invariant", type=int, default=0,
                     help="--tp_invariant of the all-in-one server and both workers (0: off); "
                          "then every continuation must be identical whatever the TP sizes")
+    ap.add_argument("--kv_dtype", default="bf16",
+                    help="--kv_dtype of the all-in-one server and both workers (bf16 or fp8: "
+                         "e4m3 K/V, moved between the workers as raw bytes)")
     ap.add_argument("--decode_gpu", type=int, default=-1,
                     help="decode worker's first GPU (default: right after the prefill worker's)")
     ap.add_argument("--transport", default="",
