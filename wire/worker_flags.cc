@@ -17,7 +17,8 @@ ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy");
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000, "on SIGTERM, time given to running requests");
 ABSL_FLAG(std::string, device, "cpu",
-          "cpu | cuda: where the model runs (cuda: bf16 weights and KV cache on --gpu)");
+          "cpu | cuda: where the model runs (cuda: on --gpu, bf16 weights, the KV cache as "
+          "--kv_dtype says)");
 ABSL_FLAG(int32_t, gpu, 0,
           "with --device cuda: the CUDA device ordinal (the first of --tp consecutive ones)");
 ABSL_FLAG(int32_t, tp, 1,
