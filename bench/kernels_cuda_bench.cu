@@ -22,9 +22,10 @@
 // hit, after its check), for a fresh short process like bench/torch_peers.py --step-only: the
 // two then run in the same power state (with --sustain=S, the miss step after S seconds of it).
 // --step-parts adds the decode step's chains cut short
-// (check + score, + vote, + top-k; the step without the check), to see what each kernel adds,
-// and A/B rows: the selection and the step with the top-k's own first histogram, sparse decode
-// at other split counts.
+// (check + score, + vote, + top-k; the step without the check; for the bound-vote chain check +
+// selection and selection + sparse attention), to see what each kernel adds, and A/B rows: the
+// selection and the step with the top-k's own first histogram, sparse decode at other split
+// counts.
 // --crossover adds selection sizes 256K, 320K and 384K (around where the engine switches to the
 // bound-vote chain, kBoundVoteMinCandidates = 320K) and 768K (between 512K and 1M).
 // --selection-only=K[,K...] times the selection rows alone at these sizes (in K tokens, 1024 at
@@ -587,6 +588,16 @@ int Main(int argc, char** argv) {
         rows.push_back({"step N=1M miss, top-k's own histogram", GraphMedianMs(step, reps), 0.0,
                         ""});
         vote_histogram = true;
+        // The bound-vote chain's step in the same cuts: what the check and the sparse attention
+        // add to its selection.
+        use_bound = true;
+        rows.push_back({"step part N=1M miss, bound chain: check+select",
+                        GraphMedianMs([&](int r) { step_upto(r, 4, true); }, reps), 0.0, ""});
+        rows.push_back({"step part N=1M, bound chain: select+sparse (no check)",
+                        GraphMedianMs([&](int r) { step_upto(r, 5, false); }, reps), 0.0, ""});
+        rows.push_back({"step N=1M miss, bound chain (again, after the parts)",
+                        GraphMedianMs(step, reps), 0.0, ""});
+        use_bound = false;
       }
       const int32_t miss_flag = hit.Download()[0];
       TS_CUDA_CHECK(cudaMemcpy(cached.get(), d_query.get(), query.size() * sizeof(float),
