@@ -20,6 +20,7 @@
 #include "engine/generation/generator.h"
 #include "engine/generation/model_loader.h"
 #include "engine/kvcache/page_pool.h"
+#include "engine/model/kv_cache_dtype.h"
 #include "engine/model/tp_invariance.h"
 #include "engine/selection/selection_options.h"
 #ifdef TS_HAVE_CUDA_BACKEND
@@ -73,9 +74,12 @@ ABSL_FLAG(int64_t, max_context, 131072,
 ABSL_FLAG(std::string, kv_dtype, "bf16",
           "generate, serve: with --device cuda, the KV cache's element type: bf16, or fp8 (e4m3 "
           "with per-head scales, half the memory per token; docs/fp8_kv.md).");
+ABSL_FLAG(int32_t, gpu, 0,
+          "generate, serve: with --device cuda, the CUDA device (generate: the first of --tp "
+          "consecutive ones; serve: the one both workers use).");
 ABSL_FLAG(int32_t, tp, 1,
           "generate: with --device cuda, tensor-parallel size: the model sharded by heads over "
-          "GPUs 0 .. tp - 1.");
+          "GPUs --gpu .. --gpu + tp - 1.");
 ABSL_FLAG(int32_t, tp_invariant, 0,
           "generate, serve: with --device cuda, TP-invariant numerics for --tp sizes dividing "
           "this value (0 off, 1, 2 or 4): the same tokens, bit for bit the same logits, on 1, 2 "
@@ -217,6 +221,7 @@ absl::StatusOr<engine::GenerationResult> GenerateOnCuda(engine::LoadFormat forma
   engine::TpCudaModelOptions tp;
   tp.tp_size = absl::GetFlag(FLAGS_tp);
   if (tp.tp_size < 1) return absl::InvalidArgumentError("--tp must be >= 1");
+  for (int r = 0; r < tp.tp_size; ++r) tp.devices.push_back(absl::GetFlag(FLAGS_gpu) + r);
   engine::TpCudaModel::RequestEagerLoading(tp.tp_size);  // before the first CUDA call
   engine::CudaModelOptions& cuda = tp.model;
   cuda.max_chunk = options.selection.chunk_size;
@@ -259,7 +264,10 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   if (absl::GetFlag(FLAGS_tp) != 1 && device != "cuda") {
     return absl::InvalidArgumentError("--tp > 1 needs --device cuda");
   }
-  if (absl::GetFlag(FLAGS_kv_dtype) != "bf16" && device != "cuda") {
+  if (absl::GetFlag(FLAGS_gpu) < 0) return absl::InvalidArgumentError("--gpu must be >= 0");
+  ASSIGN_OR_RETURN(const engine::KvCacheDType kv_dtype,
+                   engine::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_dtype)));
+  if (kv_dtype != engine::KvCacheDType::kBF16 && device != "cuda") {
     return absl::InvalidArgumentError("--kv_dtype fp8 needs --device cuda");
   }
   if (const int s = absl::GetFlag(FLAGS_tp_invariant); s != 0) {

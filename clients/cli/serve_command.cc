@@ -39,7 +39,6 @@ ABSL_FLAG(int32_t, port, 50051, "serve: router port (0 picks a free one).");
 ABSL_FLAG(int64_t, kv_pages, 4096,
           "serve: KV-cache pages of each worker (--device cuda: 0 plans them from the GPU's "
           "memory, half of it per worker).");
-ABSL_FLAG(int32_t, gpu, 0, "serve: with --device cuda, the CUDA device both workers use.");
 ABSL_FLAG(int64_t, max_prompt_tokens, 0,
           "serve: longest accepted prompt in tokens (0: config.json max_position_embeddings).");
 ABSL_FLAG(std::string, api_keys_file, "", "serve: API keys file (one per line); empty: none.");
@@ -56,6 +55,7 @@ ABSL_DECLARE_FLAG(std::string, load_format);
 ABSL_DECLARE_FLAG(int64_t, page_size);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int32_t, tp);
+ABSL_DECLARE_FLAG(int32_t, gpu);
 ABSL_DECLARE_FLAG(int32_t, tp_invariant);
 ABSL_DECLARE_FLAG(std::string, kv_dtype);
 ABSL_DECLARE_FLAG(std::string, tls_cert);

@@ -326,21 +326,37 @@ TEST_F(ServicesTest, OfflineCliDeviceFlag) {
   }
 }
 
-// serve --all-in-one reads --kv_dtype as the worker binaries do: a bad value, or fp8 on the CPU
-// (whose KV stays fp32), is refused naming the flag before anything starts serving.
-TEST_F(ServicesTest, ServeAllInOneKvDtypeFlag) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"fp4", "--kv_dtype must be bf16 or fp8"},
-      {"fp8", "--kv_dtype fp8 needs --device cuda"}};
-  for (const auto& [value, message] : cases) {
-    const std::string log = absl::StrCat(*dir_, "/serve-kv-dtype-", value, ".log");
-    int rc = 0;
-    RunAndCapture({BinDir() + "/tokenselect", "serve", "--all-in-one", "--model", *model_,
-                   "--device", "cpu", "--port", "0", "--kv_dtype", value},
-                  log, &rc);
-    EXPECT_NE(rc, 0) << value;
-    EXPECT_THAT(ReadLog(log), HasSubstr(message)) << value;
-  }
+// The command line `tokenselect ARGS...` fails, naming the flag as `message` says (its output in
+// `log`, under the test's directory).
+void ExpectRefused(const std::vector<std::string>& args, const std::string& dir,
+                   const std::string& log, const std::string& message) {
+  std::vector<std::string> argv = {BinDir() + "/tokenselect"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  int rc = 0;
+  RunAndCapture(argv, dir + "/" + log, &rc);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_THAT(ReadLog(dir + "/" + log), HasSubstr(message)) << log;
+}
+
+// serve --all-in-one reads --kv_dtype as the worker binaries do, and generate reads --gpu as
+// serve does: a bad value, or fp8 on the CPU (whose KV stays fp32), is refused naming the flag
+// before anything loads or starts serving.
+TEST_F(ServicesTest, KvDtypeAndGpuFlags) {
+  const std::vector<std::string> serve = {"serve", "--all-in-one", "--model", *model_,
+                                          "--device", "cpu", "--port", "0"};
+  auto with = [](std::vector<std::string> args, std::vector<std::string> more) {
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  ExpectRefused(with(serve, {"--kv_dtype", "fp4"}), *dir_, "serve-fp4.log",
+                "--kv_dtype must be bf16 or fp8");
+  ExpectRefused(with(serve, {"--kv_dtype", "fp8"}), *dir_, "serve-fp8.log",
+                "--kv_dtype fp8 needs --device cuda");
+  const std::vector<std::string> generate = {"generate", "--model", *model_, "--prompt", "x"};
+  ExpectRefused(with(generate, {"--kv_dtype", "fp4"}), *dir_, "generate-fp4.log",
+                "--kv_dtype must be bf16 or fp8");
+  ExpectRefused(with(generate, {"--device", "cuda", "--gpu", "-1"}), *dir_, "generate-gpu.log",
+                "--gpu must be >= 0");
 }
 
 TEST_F(ServicesTest, RemoteCliAcceptsEveryPolicy) {
