@@ -27,9 +27,9 @@
 #include "engine/generation/cuda_backend.h"
 #endif
 
-ABSL_FLAG(std::string, model, "", "generate: Hugging Face checkpoint directory.");
+ABSL_FLAG(std::string, model, "", "generate, serve: Hugging Face checkpoint directory.");
 ABSL_FLAG(std::string, load_format, "auto",
-          "generate: auto (the directory's safetensors) or dummy (random weights of "
+          "generate, serve: auto (the directory's safetensors) or dummy (random weights of "
           "config.json's shape).");
 ABSL_FLAG(uint64_t, dummy_seed, 0, "generate: seed of the dummy weights.");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt text.");
@@ -65,7 +65,7 @@ ABSL_FLAG(int64_t, n_local, 512, "generate: selection budget: recent tokens alwa
 ABSL_FLAG(double, theta, 0.9,
           "generate: selection-cache cosine threshold in [-1, 1]; above 1 disables the cache.");
 ABSL_FLAG(int64_t, chunk_size, 512, "generate: prompt tokens per prefill step (chunked prefill).");
-ABSL_FLAG(int64_t, page_size, 16, "generate: KV cache page size in tokens.");
+ABSL_FLAG(int64_t, page_size, 16, "generate, serve: KV cache page size in tokens.");
 ABSL_FLAG(std::string, device, "cpu",
           "generate, serve --all-in-one: cpu, or cuda (bf16; CUDA builds only; policies "
           "tokenselect, topk, quest, dense, streaming).");
@@ -79,7 +79,8 @@ ABSL_FLAG(int32_t, gpu, 0,
           "consecutive ones; serve: the one both workers use).");
 ABSL_FLAG(int32_t, tp, 1,
           "generate: with --device cuda, tensor-parallel size: the model sharded by heads over "
-          "GPUs --gpu .. --gpu + tp - 1.");
+          "GPUs --gpu .. --gpu + tp - 1 (serve --all-in-one takes only 1; the worker binaries "
+          "have their own --tp).");
 ABSL_FLAG(int32_t, tp_invariant, 0,
           "generate, serve: with --device cuda, TP-invariant numerics for --tp sizes dividing "
           "this value (0 off, 1, 2 or 4): the same tokens, bit for bit the same logits, on 1, 2 "
