@@ -31,6 +31,7 @@
 #include "prefill_worker/prefill_worker.h"
 #include "router/router_server.h"
 #include "rpc/credentials.h"
+#include "wire/selection_flags.h"
 
 ABSL_FLAG(bool, all_in_one, false,
           "serve: run the router and one prefill and one decode worker in this process.");
@@ -112,6 +113,13 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   backend.tp_invariant = absl::GetFlag(FLAGS_tp_invariant);
   ASSIGN_OR_RETURN(backend.kv_dtype, engine::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_dtype)));
   RETURN_IF_ERROR(engine::ValidateWorkerBackendOptions(backend));
+  // The workers' default selection, from the flags the worker binaries take (requests may
+  // override it).
+  absl::StatusOr<engine::SelectionOptions> selection = wire::SelectionDefaultsFromFlags();
+  if (!selection.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--selection_* or --prefill_chunk_size: ", selection.status().message()));
+  }
   if (absl::GetFlag(FLAGS_tp) != 1) {
     return absl::InvalidArgumentError(
         "--tp: serve --all-in-one runs each worker on one GPU; tensor parallelism runs in the "
@@ -136,6 +144,7 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   decode_options.load_format = absl::GetFlag(FLAGS_load_format);
   decode_options.backend = backend;
   decode_options.backend.gpu_memory_fraction = 0.45;
+  decode_options.default_selection = *selection;
   decode_options.listen_address = "127.0.0.1:0";
   const common::metrics::TokenSelectMetrics& metrics =
       common::metrics::TokenSelectMetrics::Default();
@@ -151,6 +160,7 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   prefill_options.load_format = absl::GetFlag(FLAGS_load_format);
   prefill_options.backend = backend;
   prefill_options.backend.gpu_memory_fraction = 0.9;  // of the whole GPU: the rest of it
+  prefill_options.default_selection = *selection;
   prefill_options.listen_address = "127.0.0.1:0";
   prefill_options.engine.metrics = &metrics;
   ASSIGN_OR_RETURN(std::unique_ptr<prefill_worker::PrefillWorker> prefill,

@@ -359,6 +359,31 @@ TEST_F(ServicesTest, KvDtypeAndGpuFlags) {
                 "--gpu must be >= 0");
 }
 
+// serve --all-in-one takes the workers' default-selection flags: a request that names no
+// selection runs the default policy (the selection metric's policy label shows which), and a bad
+// default is refused before anything starts.
+TEST_F(ServicesTest, ServeAllInOneDefaultSelection) {
+  ExpectRefused({"serve", "--all-in-one", "--model", *model_, "--device", "cpu", "--port", "0",
+                 "--selection_policy", "bogus"},
+                *dir_, "serve-policy.log", "--selection_* or --prefill_chunk_size");
+  const int port = FreePort(), metrics_port = FreePort();
+  Process serve({BinDir() + "/tokenselect", "serve", "--all-in-one", "--model", *model_,
+                 "--device", "cpu", "--host", "127.0.0.1", "--port", std::to_string(port),
+                 "--kv_pages", "256", "--metrics_host", "127.0.0.1", "--metrics_port",
+                 std::to_string(metrics_port), "--selection_policy", "streaming",
+                 "--selection_k", "16", "--selection_n_init", "4", "--selection_n_local", "8"},
+                *dir_ + "/serve-streaming.log");
+  ASSERT_TRUE(WaitServing(port, "tokenselect.v1.Generation", 60)) << "see " << *dir_;
+  auto result = Connect(port)->GenerateUnary(Greedy(LongPrompt(60), 4));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_GT(MetricSum(metrics_port, "tokenselect_selection_seconds_count",
+                      {"policy=\"streaming\""}),
+            0);
+  EXPECT_EQ(MetricSum(metrics_port, "tokenselect_selection_seconds_count",
+                      {"policy=\"tokenselect\""}),
+            0);
+}
+
 TEST_F(ServicesTest, RemoteCliAcceptsEveryPolicy) {
   for (const char* policy : {"tokenselect", "topk", "head_vote", "dense", "streaming",
                              "tokenselect_span", "infllm", "quest", "cascade"}) {
