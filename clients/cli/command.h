@@ -5,6 +5,7 @@
 #define TOKENSELECT_CLIENTS_CLI_COMMAND_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,11 @@ absl::Status RunServe(const std::vector<std::string>& args);
 // --`flag` and the part that is not an int32 (command.cc).
 absl::StatusOr<std::vector<int32_t>> ParseTokenIds(const std::vector<std::string>& parts,
                                                    absl::string_view flag);
+
+// generate's prompt as token ids when --prompt_ids or --prompt_ids_file gives it, nullopt when
+// --prompt does (text, for the caller to encode or send); InvalidArgument unless exactly one of
+// the three is set, NotFound for an unreadable file (generate_command.cc).
+absl::StatusOr<std::optional<std::vector<int32_t>>> PromptIdsFromFlags();
 
 }  // namespace tokenselect::cli
 

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -161,29 +163,9 @@ void PrintSummary(const engine::GenerationResult& result, const engine::Selectio
 }
 
 absl::StatusOr<std::vector<int32_t>> PromptIds(const tokenizer::Tokenizer& tok) {
+  ASSIGN_OR_RETURN(std::optional<std::vector<int32_t>> ids, PromptIdsFromFlags());
+  if (ids.has_value()) return *std::move(ids);
   const std::string text = absl::GetFlag(FLAGS_prompt);
-  std::string ids = absl::GetFlag(FLAGS_prompt_ids);
-  const std::string ids_file = absl::GetFlag(FLAGS_prompt_ids_file);
-  if (static_cast<int>(!text.empty()) + static_cast<int>(!ids.empty()) +
-          static_cast<int>(!ids_file.empty()) !=
-      1) {
-    return absl::InvalidArgumentError(
-        "give exactly one of --prompt, --prompt_ids and --prompt_ids_file");
-  }
-  if (!ids_file.empty()) {
-    std::ifstream in(ids_file);
-    if (!in) {
-      return absl::NotFoundError(absl::StrCat("--prompt_ids_file: cannot read ", ids_file));
-    }
-    std::stringstream content;
-    content << in.rdbuf();
-    return ParseTokenIds(
-        absl::StrSplit(content.str(), absl::ByAnyChar(", \t\r\n"), absl::SkipWhitespace()),
-        "prompt_ids_file");
-  }
-  if (!ids.empty()) {
-    return ParseTokenIds(absl::StrSplit(ids, ',', absl::SkipWhitespace()), "prompt_ids");
-  }
   if (!absl::GetFlag(FLAGS_chat)) return tok.Encode(text, /*add_special_tokens=*/true);
   std::vector<tokenizer::ChatMessage> messages;
   if (!absl::GetFlag(FLAGS_system).empty()) {
@@ -307,6 +289,33 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   }
   PrintSummary(result, options.selection, device == "cuda");
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<std::vector<int32_t>>> PromptIdsFromFlags() {
+  const std::string text = absl::GetFlag(FLAGS_prompt);
+  const std::string ids = absl::GetFlag(FLAGS_prompt_ids);
+  const std::string ids_file = absl::GetFlag(FLAGS_prompt_ids_file);
+  if (static_cast<int>(!text.empty()) + static_cast<int>(!ids.empty()) +
+          static_cast<int>(!ids_file.empty()) !=
+      1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --prompt, --prompt_ids and --prompt_ids_file");
+  }
+  if (!ids_file.empty()) {
+    std::ifstream in(ids_file);
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat("--prompt_ids_file: cannot read ", ids_file));
+    }
+    std::stringstream content;
+    content << in.rdbuf();
+    return ParseTokenIds(
+        absl::StrSplit(content.str(), absl::ByAnyChar(", \t\r\n"), absl::SkipWhitespace()),
+        "prompt_ids_file");
+  }
+  if (!ids.empty()) {
+    return ParseTokenIds(absl::StrSplit(ids, ',', absl::SkipWhitespace()), "prompt_ids");
+  }
+  return std::nullopt;
 }
 
 }  // namespace tokenselect::cli

@@ -5,7 +5,9 @@
 // Connection flags (--tls_ca, --tls_cert, --tls_key, --api_key, --timeout_s) are shared by all
 // three; `serve` uses the TLS flags for its own ports.
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -33,7 +35,6 @@ ABSL_FLAG(double, timeout_s, 0, "generate/health/info: deadline of the call in s
 ABSL_FLAG(std::string, service, "", "health: the service to check ('' is the whole server).");
 
 ABSL_DECLARE_FLAG(std::string, prompt);
-ABSL_DECLARE_FLAG(std::string, prompt_ids);
 ABSL_DECLARE_FLAG(bool, chat);
 ABSL_DECLARE_FLAG(std::string, system);
 ABSL_DECLARE_FLAG(int32_t, max_new_tokens);
@@ -88,13 +89,9 @@ clients::CallOptions CallFromFlags() {
 absl::StatusOr<clients::GenerateInput> InputFromFlags() {
   clients::GenerateInput in;
   const std::string text = absl::GetFlag(FLAGS_prompt);
-  const std::string ids = absl::GetFlag(FLAGS_prompt_ids);
-  if (text.empty() == ids.empty()) {
-    return absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids");
-  }
-  if (!ids.empty()) {
-    ASSIGN_OR_RETURN(in.prompt_ids,
-                     ParseTokenIds(absl::StrSplit(ids, ',', absl::SkipWhitespace()), "prompt_ids"));
+  ASSIGN_OR_RETURN(std::optional<std::vector<int32_t>> ids, PromptIdsFromFlags());
+  if (ids.has_value()) {
+    in.prompt_ids = *std::move(ids);
   } else if (absl::GetFlag(FLAGS_chat)) {
     if (!absl::GetFlag(FLAGS_system).empty())
       in.chat.emplace_back("system", absl::GetFlag(FLAGS_system));

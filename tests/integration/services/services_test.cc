@@ -302,6 +302,27 @@ std::string ReadLog(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// --prompt_ids_file reaches the server too: the remote run of a prompt given as a file of ids
+// prints what the offline run of the same file does.
+TEST_F(ServicesTest, RemoteCliPromptIdsFile) {
+  const std::string ids_file = *dir_ + "/prompt_ids.txt";
+  std::ofstream(ids_file) << "5, 17, 42\n99 250\t7\n";
+  const std::vector<std::string> flags = {"--prompt_ids_file", ids_file, "--max_new_tokens", "6",
+                                          "--print_ids"};
+  std::vector<std::string> remote = {BinDir() + "/tokenselect", "generate", "--server",
+                                     absl::StrCat("127.0.0.1:", router_port_)};
+  std::vector<std::string> offline = {BinDir() + "/tokenselect", "generate", "--model", *model_};
+  remote.insert(remote.end(), flags.begin(), flags.end());
+  offline.insert(offline.end(), flags.begin(), flags.end());
+  int rc_remote = 0, rc_offline = 0;
+  const std::string remote_out = RunAndCapture(remote, *dir_ + "/remote-ids-file.log", &rc_remote);
+  const std::string offline_out = RunAndCapture(offline, *dir_ + "/offline-ids-file.log", &rc_offline);
+  EXPECT_EQ(rc_remote, 0) << ReadLog(*dir_ + "/remote-ids-file.log");
+  EXPECT_EQ(rc_offline, 0);
+  EXPECT_THAT(remote_out, HasSubstr("ids: "));
+  EXPECT_EQ(remote_out, offline_out);
+}
+
 // --device: a bad value is refused naming the flag; cuda either runs (GPU host, CUDA build) and
 // prints ids, or fails with a clear reason (no GPU here, or a build without CUDA), never crashes.
 TEST_F(ServicesTest, OfflineCliDeviceFlag) {
