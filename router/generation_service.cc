@@ -36,9 +36,8 @@ absl::StatusOr<SelectionSpec> ToSelectionSpec(const v1::SelectionParams& p) {
   return s;
 }
 
-// The workers' selection defaults (params::SelectionOptions{}, docs/DESIGN.md section 4).
-void FillDefaultSelection(v1::SelectionParams* s) {
-  const params::SelectionOptions defaults;
+// The workers' selection defaults (GenerationServiceOptions::default_selection).
+void FillDefaultSelection(const params::SelectionOptions& defaults, v1::SelectionParams* s) {
   s->set_policy(static_cast<v1::SelectionPolicy>(SelectionPolicyNumber(defaults.policy)));
   s->set_k(defaults.k);
   s->set_n_init(defaults.n_init);
@@ -171,7 +170,7 @@ class GenerationService final : public v1::Generation::Service {
     info->set_max_position_embeddings(m.shape.max_position_embeddings);
     info->set_max_prompt_tokens(m.max_prompt_tokens);
     for (int32_t id : m.EosIds()) info->add_eos_token_ids(id);
-    FillDefaultSelection(info->mutable_default_selection());
+    FillDefaultSelection(options_.default_selection, info->mutable_default_selection());
     return grpc::Status::OK;
   }
 

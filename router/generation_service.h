@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "grpcpp/impl/codegen/service_type.h"
+#include "params/selection_options.h"
 #include "router/dispatch_service.h"
 #include "router/served_model.h"
 #include "rpc/api_keys.h"
@@ -18,6 +19,7 @@ struct GenerationServiceOptions {
   const Dispatcher* dispatcher = nullptr;  // must outlive the service
   rpc::ApiKeys api_keys;                   // empty: no authentication
   const RouterMetrics* metrics = nullptr;  // requests by outcome; null: none recorded
+  params::SelectionOptions default_selection;  // GetModelInfo's default_selection
 };
 
 std::unique_ptr<grpc::Service> NewGenerationService(GenerationServiceOptions options);

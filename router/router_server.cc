@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterOptions 
   service_options.metrics = router->metrics_.get();
   service_options.model = &router->model_;
   service_options.dispatcher = router->dispatcher_.get();
+  service_options.default_selection = options.default_selection;
   router->service_ = NewGenerationService(std::move(service_options));
 
   grpc::EnableDefaultHealthCheckService(true);

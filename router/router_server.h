@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/tokenselect_metrics.h"
 #include "grpcpp/server.h"
+#include "params/selection_options.h"
 #include "router/dispatch_service.h"
 #include "router/router_metrics.h"
 #include "router/served_model.h"
@@ -40,6 +41,10 @@ struct RouterOptions {
   absl::Duration resolve_interval = absl::Seconds(10);
   // Where the router records its metrics (docs/metrics.md); null: none. Must outlive the server.
   const common::metrics::TokenSelectMetrics* metrics = nullptr;
+  // What GetModelInfo reports as the workers' selection defaults. The router cannot see the
+  // workers' --selection_* flags: the built-in defaults unless the caller knows better (serve
+  // --all-in-one passes its workers').
+  params::SelectionOptions default_selection;
 };
 
 class RouterServer {

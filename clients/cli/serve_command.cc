@@ -180,6 +180,7 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   router_options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   router_options.probe_interval = absl::Milliseconds(250);
   router_options.metrics = &metrics;
+  router_options.default_selection = *selection;
   ASSIGN_OR_RETURN(std::unique_ptr<common::metrics::MetricsServer> metrics_server,
                    common::metrics::StartMetricsServerIfEnabled(absl::GetFlag(FLAGS_metrics_port),
                                                                 absl::GetFlag(FLAGS_metrics_host)));

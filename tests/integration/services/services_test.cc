@@ -380,9 +380,9 @@ TEST_F(ServicesTest, KvDtypeAndGpuFlags) {
                 "--gpu must be >= 0");
 }
 
-// serve --all-in-one takes the workers' default-selection flags: a request that names no
-// selection runs the default policy (the selection metric's policy label shows which), and a bad
-// default is refused before anything starts.
+// serve --all-in-one takes the workers' default-selection flags: GetModelInfo reports them, a
+// request that names no selection runs the default policy (the selection metric's policy label
+// shows which), and a bad default is refused before anything starts.
 TEST_F(ServicesTest, ServeAllInOneDefaultSelection) {
   ExpectRefused({"serve", "--all-in-one", "--model", *model_, "--device", "cpu", "--port", "0",
                  "--selection_policy", "bogus"},
@@ -395,6 +395,15 @@ TEST_F(ServicesTest, ServeAllInOneDefaultSelection) {
                  "--selection_k", "16", "--selection_n_init", "4", "--selection_n_local", "8"},
                 *dir_ + "/serve-streaming.log");
   ASSERT_TRUE(WaitServing(port, "tokenselect.v1.Generation", 60)) << "see " << *dir_;
+  // GetModelInfo reports them.
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.default_selection().policy(), v1::SELECTION_POLICY_STREAMING);
+  EXPECT_EQ(info.default_selection().k(), 16);
+  EXPECT_EQ(info.default_selection().n_local(), 8);
   auto result = Connect(port)->GenerateUnary(Greedy(LongPrompt(60), 4));
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_GT(MetricSum(metrics_port, "tokenselect_selection_seconds_count",
