@@ -22,8 +22,12 @@ ABSL_FLAG(int64_t, max_queued, 64, "queued + running prefills; more is RESOURCE_
 ABSL_FLAG(std::string, transport, "host",
           "host | nccl: how K/V reach the decode workers (nccl: GPU to GPU, needs --device cuda on "
           "both workers)");
-ABSL_FLAG(int64_t, kv_block_bytes, 1 << 20, "payload bytes per PushKv message");
-ABSL_FLAG(bool, kv_checksum, false, "send an FNV-1a checksum with every KV block");
+ABSL_FLAG(int64_t, kv_block_bytes, 1 << 20,
+          "payload bytes per PushKv message (--transport host; over nccl the payload goes by the "
+          "device link in whole chunks)");
+ABSL_FLAG(bool, kv_checksum, false,
+          "send an FNV-1a checksum with every KV block (--transport host; debug builds always "
+          "do; the nccl link carries none)");
 ABSL_FLAG(bool, kv_tls, true,
           "with --tls_* set, push K/V to the decode workers over mutual TLS with the same "
           "certificate, key and CA (false: plaintext KV channel)");

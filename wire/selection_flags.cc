@@ -7,13 +7,15 @@
 #include "common/status.h"
 
 ABSL_FLAG(std::string, selection_policy, "tokenselect",
-          "default selection policy (requests may override): tokenselect, topk, head_vote, dense, "
-          "streaming, tokenselect_span, infllm, quest, cascade");
-ABSL_FLAG(int64_t, selection_k, 2048, "default selection budget k (tokens picked per layer)");
-ABSL_FLAG(int64_t, selection_n_init, 128, "default attention-sink tokens");
-ABSL_FLAG(int64_t, selection_n_local, 512, "default recent-window tokens");
-ABSL_FLAG(double, selection_theta, 0.9, "default selection-cache cosine threshold");
-ABSL_FLAG(int64_t, prefill_chunk_size, 512, "default prefill chunk size in tokens");
+          "workers, serve: default selection policy (requests may override): tokenselect, topk, "
+          "head_vote, dense, streaming, tokenselect_span, infllm, quest, cascade");
+ABSL_FLAG(int64_t, selection_k, 2048,
+          "workers, serve: default selection budget k (tokens picked per layer)");
+ABSL_FLAG(int64_t, selection_n_init, 128, "workers, serve: default attention-sink tokens");
+ABSL_FLAG(int64_t, selection_n_local, 512, "workers, serve: default recent-window tokens");
+ABSL_FLAG(double, selection_theta, 0.9,
+          "workers, serve: default selection-cache cosine threshold");
+ABSL_FLAG(int64_t, prefill_chunk_size, 512, "workers, serve: default prefill chunk size in tokens");
 
 namespace tokenselect::wire {
 

@@ -29,11 +29,11 @@
 #include "engine/generation/cuda_backend.h"
 #endif
 
-ABSL_FLAG(std::string, model, "", "generate, serve: Hugging Face checkpoint directory.");
+ABSL_FLAG(std::string, model, "", "generate (offline), serve: Hugging Face checkpoint directory.");
 ABSL_FLAG(std::string, load_format, "auto",
-          "generate, serve: auto (the directory's safetensors) or dummy (random weights of "
-          "config.json's shape).");
-ABSL_FLAG(uint64_t, dummy_seed, 0, "generate: seed of the dummy weights.");
+          "generate (offline), serve: auto (the directory's safetensors) or dummy (random weights "
+          "of config.json's shape).");
+ABSL_FLAG(uint64_t, dummy_seed, 0, "generate (offline): seed of the dummy weights.");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt text.");
 ABSL_FLAG(std::string, prompt_ids, "",
           "generate: the prompt as comma-separated token ids (instead of --prompt).");
@@ -67,26 +67,27 @@ ABSL_FLAG(int64_t, n_local, 512, "generate: selection budget: recent tokens alwa
 ABSL_FLAG(double, theta, 0.9,
           "generate: selection-cache cosine threshold in [-1, 1]; above 1 disables the cache.");
 ABSL_FLAG(int64_t, chunk_size, 512, "generate: prompt tokens per prefill step (chunked prefill).");
-ABSL_FLAG(int64_t, page_size, 16, "generate, serve: KV cache page size in tokens.");
+ABSL_FLAG(int64_t, page_size, 16, "generate (offline), serve: KV cache page size in tokens.");
 ABSL_FLAG(std::string, device, "cpu",
-          "generate, serve --all-in-one: cpu, or cuda (bf16; CUDA builds only; policies "
+          "generate (offline), serve: cpu, or cuda (bf16 weights; CUDA builds only; policies "
           "tokenselect, topk, quest, dense, streaming).");
 ABSL_FLAG(int64_t, max_context, 131072,
-          "generate: with --device cuda, the KV capacity in tokens (prompt + new tokens).");
+          "generate (offline): with --device cuda, the KV capacity in tokens (prompt + new "
+          "tokens).");
 ABSL_FLAG(std::string, kv_dtype, "bf16",
-          "generate, serve: with --device cuda, the KV cache's element type: bf16, or fp8 (e4m3 "
-          "with per-head scales, half the memory per token; docs/fp8_kv.md).");
+          "generate (offline), serve: with --device cuda, the KV cache's element type: bf16, or "
+          "fp8 (e4m3 with per-head scales, half the memory per token; docs/fp8_kv.md).");
 ABSL_FLAG(int32_t, gpu, 0,
-          "generate, serve: with --device cuda, the CUDA device (generate: the first of --tp "
-          "consecutive ones; serve: the one both workers use).");
+          "generate (offline), serve: with --device cuda, the CUDA device (generate: the first of "
+          "--tp consecutive ones; serve: the one both workers use).");
 ABSL_FLAG(int32_t, tp, 1,
-          "generate: with --device cuda, tensor-parallel size: the model sharded by heads over "
-          "GPUs --gpu .. --gpu + tp - 1 (serve --all-in-one takes only 1; the worker binaries "
-          "have their own --tp).");
+          "generate (offline): with --device cuda, tensor-parallel size: the model sharded by "
+          "heads over GPUs --gpu .. --gpu + tp - 1 (serve --all-in-one takes only 1; the worker "
+          "binaries have their own --tp).");
 ABSL_FLAG(int32_t, tp_invariant, 0,
-          "generate, serve: with --device cuda, TP-invariant numerics for --tp sizes dividing "
-          "this value (0 off, 1, 2 or 4): the same tokens, bit for bit the same logits, on 1, 2 "
-          "or 4 GPUs, at some speed cost (docs/parallel.md).");
+          "generate (offline), serve: with --device cuda, TP-invariant numerics for --tp sizes "
+          "dividing this value (0 off, 1, 2 or 4): the same tokens, bit for bit the same logits, "
+          "on 1, 2 or 4 GPUs, at some speed cost (docs/parallel.md).");
 
 // --server (remote_commands.cc): run the request on a router instead of offline.
 ABSL_DECLARE_FLAG(std::string, server);

@@ -35,9 +35,11 @@ std::string Usage() {
 
 int Main(int argc, char** argv) {
   absl::FlagsUsageConfig config;
-  // --help shows our flags (clients/cli and common), not abseil's own.
+  // --help shows our flags (clients/cli, common, and the workers' selection defaults that serve
+  // takes), not abseil's own.
   config.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "clients/cli/") || absl::StrContains(file, "common/flags");
+    return absl::StrContains(file, "clients/cli/") || absl::StrContains(file, "common/flags") ||
+           absl::StrContains(file, "wire/selection_flags");
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);

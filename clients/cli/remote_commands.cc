@@ -30,8 +30,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_server_name, "",
           "generate/health/info: name checked against the server certificate.");
 ABSL_FLAG(std::string, api_key, "",
-          "generate/health/info: API key sent as 'authorization: Bearer KEY'.");
-ABSL_FLAG(double, timeout_s, 0, "generate/health/info: deadline of the call in seconds; 0: none.");
+          "generate/info: API key sent as 'authorization: Bearer KEY' (health needs none).");
+ABSL_FLAG(double, timeout_s, 0,
+          "generate/health/info: deadline of the call in seconds; 0: none (health: 5 s).");
 ABSL_FLAG(std::string, service, "", "health: the service to check ('' is the whole server).");
 
 ABSL_DECLARE_FLAG(std::string, prompt);
