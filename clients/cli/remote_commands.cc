@@ -22,8 +22,9 @@
 ABSL_FLAG(std::string, server, "",
           "generate/health/info: router address HOST:PORT (generate runs remotely when set).");
 ABSL_FLAG(std::string, tls_ca, "",
-          "generate/health/info: PEM CA that verifies the server (enables TLS); serve: CA of "
-          "the mutual TLS between router and workers.");
+          "generate/health/info: PEM CA that verifies the server (enables TLS); serve: CA that "
+          "must have signed every caller's certificate (mutual TLS on the public port; needs "
+          "--tls_cert and --tls_key).");
 ABSL_FLAG(std::string, tls_cert, "",
           "generate/health/info: PEM client certificate (mTLS); serve: server certificate.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");

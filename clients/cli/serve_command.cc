@@ -175,6 +175,9 @@ absl::Status RunServe(const std::vector<std::string>& args) {
       router_options.server.tls,
       rpc::TlsOptionsFromFlags(absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                                absl::GetFlag(FLAGS_tls_ca)));
+  // With a CA, the public port asks every caller for a certificate it signed (mutual TLS): the
+  // CA has no other use here (the router binary's --tls_require_client_cert does the same).
+  router_options.server.tls.require_client_cert = !absl::GetFlag(FLAGS_tls_ca).empty();
   router_options.prefill_targets = {prefill->address()};
   router_options.decode_targets = {decode->address()};
   router_options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);

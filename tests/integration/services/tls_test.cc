@@ -90,5 +90,50 @@ TEST(TlsTest, ApiKeyAndTlsOnThePublicPort) {
   if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 
+// serve --all-in-one with --tls_ca: mutual TLS on the public port. A caller with a certificate
+// the CA signed is served; one without a certificate is refused.
+TEST(TlsTest, ServeAllInOneMutualTls) {
+  if (!HaveOpenssl()) GTEST_SKIP() << "openssl CLI not installed";
+  const std::string dir = MakeTempDir("ts-serve-mtls");
+  ASSERT_TRUE(MakeCertificates(dir)) << "openssl failed, see " << dir;
+  const std::string model = dir + "/model";
+  ASSERT_TRUE(RunOk({BinDir() + "/tokenselect", "make-model", "--out", model}, dir + "/mm.log"));
+  const int port = FreePort();
+  Process serve({BinDir() + "/tokenselect", "serve", "--all-in-one", "--model", model, "--host",
+                 "127.0.0.1", "--port", std::to_string(port), "--kv_pages", "256", "--tls_cert",
+                 dir + "/server.pem", "--tls_key", dir + "/server.key", "--tls_ca",
+                 dir + "/ca.pem"},
+                dir + "/serve.log");
+  clients::ClientOptions options;
+  options.target = absl::StrCat("localhost:", port);
+  options.tls.enabled = true;
+  options.tls.ca_file = dir + "/ca.pem";
+  options.tls.cert_file = dir + "/server.pem";  // also valid as a client certificate
+  options.tls.key_file = dir + "/server.key";
+  auto with_cert = *clients::Client::Create(options);
+  bool ready = false;
+  for (int i = 0; i < 300 && !ready; ++i) {
+    auto status = with_cert->Health("tokenselect.v1.Generation", absl::Seconds(1));
+    ready = status.ok() && *status == rpc::ServingStatus::kServing;
+    if (!ready) usleep(100000);
+  }
+  ASSERT_TRUE(ready) << "serve not ready, logs in " << dir;
+  clients::GenerateInput in;
+  in.prompt = "mutual hello";
+  in.sampling.temperature = 0;
+  in.sampling.max_new_tokens = 4;
+  auto result = with_cert->GenerateUnary(in);
+  EXPECT_TRUE(result.ok()) << result.status();
+
+  clients::ClientOptions no_cert = options;
+  no_cert.tls.cert_file.clear();
+  no_cert.tls.key_file.clear();
+  clients::CallOptions call;
+  call.timeout = absl::Seconds(3);
+  result = (*clients::Client::Create(no_cert))->GenerateUnary(in, call);
+  EXPECT_FALSE(result.ok());
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace tokenselect::testing
