@@ -58,6 +58,15 @@ absl::StatusOr<RouterOptions> OptionsFromFlags() {
   if (!tls.ok()) return tls.status();
   o.server.tls = *tls;
   o.server.tls.require_client_cert = absl::GetFlag(FLAGS_tls_require_client_cert);
+  // Flags that only mean something with others: refused alone rather than ignored.
+  if (o.server.tls.require_client_cert && absl::GetFlag(FLAGS_tls_ca).empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_require_client_cert needs --tls_ca (the CA that signs the callers' certificates) "
+        "with --tls_cert and --tls_key");
+  }
+  if (!absl::GetFlag(FLAGS_worker_tls_server_name).empty() && !absl::GetFlag(FLAGS_worker_tls)) {
+    return absl::InvalidArgumentError("--worker_tls_server_name needs --worker_tls");
+  }
   o.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (absl::GetFlag(FLAGS_worker_tls)) {
     o.workers.tls = *tls;

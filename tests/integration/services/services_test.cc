@@ -347,11 +347,12 @@ TEST_F(ServicesTest, OfflineCliDeviceFlag) {
   }
 }
 
-// The command line `tokenselect ARGS...` fails, naming the flag as `message` says (its output in
-// `log`, under the test's directory).
+// The command line `BINARY ARGS...` (a binary of the build's bin/; tokenselect by default) fails,
+// naming the flag as `message` says (its output in `log`, under the test's directory).
 void ExpectRefused(const std::vector<std::string>& args, const std::string& dir,
-                   const std::string& log, const std::string& message) {
-  std::vector<std::string> argv = {BinDir() + "/tokenselect"};
+                   const std::string& log, const std::string& message,
+                   const std::string& binary = "tokenselect") {
+  std::vector<std::string> argv = {BinDir() + "/" + binary};
   argv.insert(argv.end(), args.begin(), args.end());
   int rc = 0;
   RunAndCapture(argv, dir + "/" + log, &rc);
@@ -412,6 +413,22 @@ TEST_F(ServicesTest, ServeAllInOneDefaultSelection) {
   EXPECT_EQ(MetricSum(metrics_port, "tokenselect_selection_seconds_count",
                       {"policy=\"tokenselect\""}),
             0);
+}
+
+// Flags that only mean something with TLS on are refused without it, rather than ignored.
+TEST_F(ServicesTest, TlsDependentFlagsAloneAreRefused) {
+  const std::vector<std::string> router = {"--model", *model_, "--prefill_workers",
+                                           "127.0.0.1:1", "--decode_workers", "127.0.0.1:2"};
+  std::vector<std::string> args = router;
+  args.push_back("--tls_require_client_cert");
+  ExpectRefused(args, *dir_, "router-require-cert.log", "--tls_require_client_cert needs --tls_ca",
+                "router");
+  args = router;
+  args.insert(args.end(), {"--worker_tls_server_name", "workers.local"});
+  ExpectRefused(args, *dir_, "router-server-name.log",
+                "--worker_tls_server_name needs --worker_tls", "router");
+  ExpectRefused({"--model", *model_, "--kv_tls_server_name", "decode.local"}, *dir_,
+                "prefill-kv-server-name.log", "--kv_tls_server_name needs TLS", "prefill_worker");
 }
 
 TEST_F(ServicesTest, RemoteCliAcceptsEveryPolicy) {
