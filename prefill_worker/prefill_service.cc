@@ -80,6 +80,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     out->set_total_kv_pages(load.total_pages);
     out->set_page_size(load.page_size);
     out->set_draining(load.draining);
+    rpc::SelectionToProto(options_.default_selection, out->mutable_default_selection());
     return grpc::Status::OK;
   }
 

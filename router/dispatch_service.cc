@@ -9,14 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "grpcpp/client_context.h"
 #include "proto/tokenselect/v1/worker.grpc.pb.h"
+#include "rpc/proto_params.h"
 #include "rpc/status_convert.h"
 
 namespace tokenselect::router {
@@ -31,8 +30,6 @@ uint64_t RandomSeed() {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   return rng();
 }
-
-constexpr absl::string_view kSelectionPolicyPrefix = "SELECTION_POLICY_";
 
 v1::WorkerRequest ToWorkerRequest(const RequestSpec& spec) {
   v1::WorkerRequest r;
@@ -60,7 +57,7 @@ v1::WorkerRequest ToWorkerRequest(const RequestSpec& spec) {
   const SelectionSpec& sel = spec.selection;
   v1::SelectionParams* q = r.mutable_selection();
   if (sel.policy) {
-    q->set_policy(static_cast<v1::SelectionPolicy>(SelectionPolicyNumber(*sel.policy)));
+    q->set_policy(static_cast<v1::SelectionPolicy>(rpc::SelectionPolicyNumber(*sel.policy)));
   }
   if (sel.k) q->set_k(*sel.k);
   if (sel.n_init) q->set_n_init(*sel.n_init);
@@ -154,29 +151,6 @@ void RecordTokens(const RouterMetrics& metrics, int n, double now, double* last)
 
 }  // namespace
 
-int SelectionPolicyNumber(params::SelectionPolicyKind kind) {
-  v1::SelectionPolicy number = v1::SELECTION_POLICY_UNSPECIFIED;
-  const bool known = v1::SelectionPolicy_Parse(
-      absl::StrCat(kSelectionPolicyPrefix, absl::AsciiStrToUpper(params::PolicyName(kind))),
-      &number);
-  TS_CHECK(known, "params policy {} has no tokenselect.v1.SelectionPolicy value",
-           std::string(params::PolicyName(kind)));
-  return number;
-}
-
-absl::StatusOr<std::optional<params::SelectionPolicyKind>> SelectionPolicyFromNumber(int number) {
-  if (number == v1::SELECTION_POLICY_UNSPECIFIED) return std::nullopt;
-  if (!v1::SelectionPolicy_IsValid(number)) {
-    return absl::InvalidArgumentError(absl::StrCat("selection.policy: unknown value ", number));
-  }
-  absl::string_view name = v1::SelectionPolicy_Name(static_cast<v1::SelectionPolicy>(number));
-  absl::ConsumePrefix(&name, kSelectionPolicyPrefix);
-  absl::StatusOr<params::SelectionPolicyKind> kind =
-      params::ParsePolicy(absl::AsciiStrToLower(name));
-  if (!kind.ok()) return kind.status();
-  return *kind;
-}
-
 LoadProbe Dispatcher::MakeLoadProbe() {
   return [](WorkerKind kind, const std::shared_ptr<grpc::Channel>& channel,
             absl::Duration timeout) -> absl::StatusOr<WorkerLoadInfo> {
@@ -197,8 +171,22 @@ LoadProbe Dispatcher::MakeLoadProbe() {
     info.total_kv_pages = load.total_kv_pages();
     info.page_size = load.page_size();
     info.draining = load.draining();
+    if (load.has_default_selection()) {
+      absl::StatusOr<params::SelectionOptions> defaults =
+          rpc::SelectionFromProto(load.default_selection());
+      if (defaults.ok()) info.default_selection = *defaults;  // else: as if not reported
+    }
     return info;
   };
+}
+
+std::optional<params::SelectionOptions> Dispatcher::WorkersDefaultSelection() const {
+  for (WorkerKind kind : {WorkerKind::kDecode, WorkerKind::kPrefill}) {
+    for (const WorkerSnapshot& w : registry_->Healthy(kind)) {
+      if (w.load.default_selection.has_value()) return w.load.default_selection;
+    }
+  }
+  return std::nullopt;
 }
 
 absl::Status Dispatcher::Run(grpc::ServerContext* server_context, const RequestSpec& spec,

@@ -31,14 +31,6 @@
 
 namespace tokenselect::router {
 
-// tokenselect.v1.SelectionPolicy numbers and params policies map by name:
-// SELECTION_POLICY_HEAD_VOTE is "head_vote" (params::PolicyName), so the router knows a policy
-// exactly when both the protocol and params do.
-// The wire number of `kind`.
-int SelectionPolicyNumber(params::SelectionPolicyKind kind);
-// The policy of wire number `number`; nullopt for UNSPECIFIED (the workers' default);
-// InvalidArgument naming selection.policy for a number unknown to the protocol or to params.
-absl::StatusOr<std::optional<params::SelectionPolicyKind>> SelectionPolicyFromNumber(int number);
 
 // Called for every event in order, the final one last; returns false when the client is gone
 // (the request is then cancelled on the workers).
@@ -61,6 +53,10 @@ class Dispatcher {
 
   // The GetLoad probe the registry polls with.
   static LoadProbe MakeLoadProbe();
+
+  // The selection defaults the workers report (a healthy decode worker's, else a prefill
+  // worker's); nullopt until a probe has seen one.
+  std::optional<params::SelectionOptions> WorkersDefaultSelection() const;
 
  private:
   WorkerRegistry* registry_;

@@ -27,7 +27,7 @@ constexpr size_t kMaxRequestIdBytes = 128;
 
 absl::StatusOr<SelectionSpec> ToSelectionSpec(const v1::SelectionParams& p) {
   SelectionSpec s;
-  ASSIGN_OR_RETURN(s.policy, SelectionPolicyFromNumber(p.policy()));
+  ASSIGN_OR_RETURN(s.policy, rpc::SelectionPolicyFromNumber(p.policy()));
   if (p.has_k()) s.k = p.k();
   if (p.has_n_init()) s.n_init = p.n_init();
   if (p.has_n_local()) s.n_local = p.n_local();
@@ -36,15 +36,6 @@ absl::StatusOr<SelectionSpec> ToSelectionSpec(const v1::SelectionParams& p) {
   return s;
 }
 
-// The workers' selection defaults (GenerationServiceOptions::default_selection).
-void FillDefaultSelection(const params::SelectionOptions& defaults, v1::SelectionParams* s) {
-  s->set_policy(static_cast<v1::SelectionPolicy>(SelectionPolicyNumber(defaults.policy)));
-  s->set_k(defaults.k);
-  s->set_n_init(defaults.n_init);
-  s->set_n_local(defaults.n_local);
-  s->set_theta(defaults.theta);
-  s->set_chunk_size(defaults.chunk_size);
-}
 
 void ToProto(const LogprobSpec& l, v1::LogprobEntry* e) {
   e->mutable_chosen()->set_token_id(l.chosen.token_id);
@@ -170,7 +161,9 @@ class GenerationService final : public v1::Generation::Service {
     info->set_max_position_embeddings(m.shape.max_position_embeddings);
     info->set_max_prompt_tokens(m.max_prompt_tokens);
     for (int32_t id : m.EosIds()) info->add_eos_token_ids(id);
-    FillDefaultSelection(options_.default_selection, info->mutable_default_selection());
+    rpc::SelectionToProto(
+        options_.dispatcher->WorkersDefaultSelection().value_or(options_.default_selection),
+        info->mutable_default_selection());
     return grpc::Status::OK;
   }
 

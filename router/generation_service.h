@@ -19,7 +19,8 @@ struct GenerationServiceOptions {
   const Dispatcher* dispatcher = nullptr;  // must outlive the service
   rpc::ApiKeys api_keys;                   // empty: no authentication
   const RouterMetrics* metrics = nullptr;  // requests by outcome; null: none recorded
-  params::SelectionOptions default_selection;  // GetModelInfo's default_selection
+  // GetModelInfo's default_selection until a worker reports its own.
+  params::SelectionOptions default_selection;
 };
 
 std::unique_ptr<grpc::Service> NewGenerationService(GenerationServiceOptions options);

@@ -41,9 +41,9 @@ struct RouterOptions {
   absl::Duration resolve_interval = absl::Seconds(10);
   // Where the router records its metrics (docs/metrics.md); null: none. Must outlive the server.
   const common::metrics::TokenSelectMetrics* metrics = nullptr;
-  // What GetModelInfo reports as the workers' selection defaults. The router cannot see the
-  // workers' --selection_* flags: the built-in defaults unless the caller knows better (serve
-  // --all-in-one passes its workers').
+  // What GetModelInfo reports as the workers' selection defaults until a worker has reported
+  // its own (WorkerLoad.default_selection): the built-in ones unless the caller knows better
+  // (serve --all-in-one passes its workers').
   params::SelectionOptions default_selection;
 };
 

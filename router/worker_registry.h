@@ -21,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
+#include "params/selection_options.h"
 #include "rpc/channels.h"
 
 namespace tokenselect::router {
@@ -37,6 +38,8 @@ struct WorkerLoadInfo {
   int64_t total_kv_pages = 0;
   int64_t page_size = 0;
   bool draining = false;
+  // The worker's selection defaults; nullopt from a worker that does not report them.
+  std::optional<params::SelectionOptions> default_selection;
 };
 
 struct WorkerSnapshot {

@@ -4,51 +4,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/proto_params.h"
 
 namespace tokenselect::wire {
 
 absl::StatusOr<engine::SelectionOptions> ToEngine(const v1::SelectionParams& p,
                                                   engine::SelectionOptions s) {
-  switch (p.policy()) {
-    case v1::SELECTION_POLICY_UNSPECIFIED:
-      break;
-    case v1::SELECTION_POLICY_TOKENSELECT:
-      s.policy = engine::SelectionPolicyKind::kTokenSelect;
-      break;
-    case v1::SELECTION_POLICY_TOPK:
-      s.policy = engine::SelectionPolicyKind::kTopK;
-      break;
-    case v1::SELECTION_POLICY_HEAD_VOTE:
-      s.policy = engine::SelectionPolicyKind::kHeadVote;
-      break;
-    case v1::SELECTION_POLICY_DENSE:
-      s.policy = engine::SelectionPolicyKind::kDense;
-      break;
-    case v1::SELECTION_POLICY_STREAMING:
-      s.policy = engine::SelectionPolicyKind::kStreaming;
-      break;
-    case v1::SELECTION_POLICY_TOKENSELECT_SPAN:
-      s.policy = engine::SelectionPolicyKind::kTokenSelectSpan;
-      break;
-    case v1::SELECTION_POLICY_INFLLM:
-      s.policy = engine::SelectionPolicyKind::kInfLlm;
-      break;
-    case v1::SELECTION_POLICY_QUEST:
-      s.policy = engine::SelectionPolicyKind::kQuest;
-      break;
-    case v1::SELECTION_POLICY_CASCADE:
-      s.policy = engine::SelectionPolicyKind::kCascade;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("selection.policy has unknown value ", static_cast<int>(p.policy())));
-  }
-  if (p.has_k()) s.k = p.k();
-  if (p.has_n_init()) s.n_init = p.n_init();
-  if (p.has_n_local()) s.n_local = p.n_local();
-  if (p.has_theta()) s.theta = p.theta();
-  if (p.has_chunk_size()) s.chunk_size = p.chunk_size();
-  return s;
+  return rpc::SelectionFromProto(p, std::move(s));
 }
 
 v1::FinishReason ToWire(engine::FinishReason reason) {

@@ -347,6 +347,18 @@ TEST_F(ServicesTest, OfflineCliDeviceFlag) {
   }
 }
 
+// GetModelInfo of the router on 127.0.0.1:`port` (an empty message, and a failure, when the call
+// fails).
+v1::ModelInfo ModelInfoAt(int port) {
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::ModelInfo info;
+  const grpc::Status status = stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return info;
+}
+
 // The command line `BINARY ARGS...` (a binary of the build's bin/; tokenselect by default) fails,
 // naming the flag as `message` says (its output in `log`, under the test's directory).
 void ExpectRefused(const std::vector<std::string>& args, const std::string& dir,
@@ -397,11 +409,7 @@ TEST_F(ServicesTest, ServeAllInOneDefaultSelection) {
                 *dir_ + "/serve-streaming.log");
   ASSERT_TRUE(WaitServing(port, "tokenselect.v1.Generation", 60)) << "see " << *dir_;
   // GetModelInfo reports them.
-  auto stub = v1::Generation::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  v1::ModelInfo info;
-  ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  const v1::ModelInfo info = ModelInfoAt(port);
   EXPECT_EQ(info.default_selection().policy(), v1::SELECTION_POLICY_STREAMING);
   EXPECT_EQ(info.default_selection().k(), 16);
   EXPECT_EQ(info.default_selection().n_local(), 8);
@@ -429,6 +437,34 @@ TEST_F(ServicesTest, TlsDependentFlagsAloneAreRefused) {
                 "--worker_tls_server_name needs --worker_tls", "router");
   ExpectRefused({"--model", *model_, "--kv_tls_server_name", "decode.local"}, *dir_,
                 "prefill-kv-server-name.log", "--kv_tls_server_name needs TLS", "prefill_worker");
+}
+
+// A standalone router reports its workers' selection defaults in GetModelInfo (they answer them
+// in GetLoad), not the built-in ones.
+TEST_F(ServicesTest, RouterReportsTheWorkersDefaultSelection) {
+  const std::vector<std::string> selection = {"--selection_policy", "dense", "--selection_k",
+                                              "64", "--selection_theta", "0.5"};
+  const int decode_port = FreePort(), prefill_port = FreePort(), port = FreePort();
+  std::vector<std::string> decode = {BinDir() + "/decode_worker", "--model", *model_, "--host",
+                                     "127.0.0.1", "--port", std::to_string(decode_port),
+                                     "--kv_pages", "64"};
+  std::vector<std::string> prefill = {BinDir() + "/prefill_worker", "--model", *model_, "--host",
+                                      "127.0.0.1", "--port", std::to_string(prefill_port)};
+  decode.insert(decode.end(), selection.begin(), selection.end());
+  prefill.insert(prefill.end(), selection.begin(), selection.end());
+  Process d(decode, *dir_ + "/defaults-decode.log");
+  Process p(prefill, *dir_ + "/defaults-prefill.log");
+  Process router({BinDir() + "/router", "--model", *model_, "--host", "127.0.0.1", "--port",
+                  std::to_string(port), "--prefill_workers",
+                  absl::StrCat("127.0.0.1:", prefill_port), "--decode_workers",
+                  absl::StrCat("127.0.0.1:", decode_port), "--probe_interval_s", "0.2"},
+                 *dir_ + "/defaults-router.log");
+  ASSERT_TRUE(WaitServing(port, "tokenselect.v1.Generation", 60)) << "see " << *dir_;
+  const v1::ModelInfo info = ModelInfoAt(port);
+  EXPECT_EQ(info.default_selection().policy(), v1::SELECTION_POLICY_DENSE);
+  EXPECT_EQ(info.default_selection().k(), 64);
+  EXPECT_DOUBLE_EQ(info.default_selection().theta(), 0.5);
+  EXPECT_EQ(info.default_selection().n_init(), 128);  // the built-in one: not set
 }
 
 TEST_F(ServicesTest, RemoteCliAcceptsEveryPolicy) {

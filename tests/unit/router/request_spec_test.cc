@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/dispatch_service.h"
+#include "rpc/proto_params.h"
 
 namespace tokenselect::router {
 namespace {
@@ -18,17 +19,17 @@ TEST(SelectionPolicyNumberTest, EveryWirePolicyRoundTrips) {
   // tokenselect.v1.SelectionPolicy: UNSPECIFIED = 0, then TOKENSELECT = 1 .. CASCADE = 9.
   for (int number = 1; number <= 9; ++number) {
     absl::StatusOr<std::optional<params::SelectionPolicyKind>> kind =
-        SelectionPolicyFromNumber(number);
+        rpc::SelectionPolicyFromNumber(number);
     ASSERT_TRUE(kind.ok()) << number << ": " << kind.status();
     ASSERT_TRUE(kind->has_value()) << number;
-    EXPECT_EQ(SelectionPolicyNumber(**kind), number);
+    EXPECT_EQ(rpc::SelectionPolicyNumber(**kind), number);
   }
-  EXPECT_EQ(*SelectionPolicyFromNumber(2), params::SelectionPolicyKind::kTopK);
-  EXPECT_EQ(*SelectionPolicyFromNumber(6), params::SelectionPolicyKind::kTokenSelectSpan);
+  EXPECT_EQ(*rpc::SelectionPolicyFromNumber(2), params::SelectionPolicyKind::kTopK);
+  EXPECT_EQ(*rpc::SelectionPolicyFromNumber(6), params::SelectionPolicyKind::kTokenSelectSpan);
 }
 
 TEST(SelectionPolicyNumberTest, UnspecifiedIsTheWorkersDefault) {
-  absl::StatusOr<std::optional<params::SelectionPolicyKind>> kind = SelectionPolicyFromNumber(0);
+  absl::StatusOr<std::optional<params::SelectionPolicyKind>> kind = rpc::SelectionPolicyFromNumber(0);
   ASSERT_TRUE(kind.ok()) << kind.status();
   EXPECT_FALSE(kind->has_value());
 }
@@ -36,7 +37,7 @@ TEST(SelectionPolicyNumberTest, UnspecifiedIsTheWorkersDefault) {
 TEST(SelectionPolicyNumberTest, UnknownNumberNamesTheField) {
   for (int number : {-1, 10, 99}) {
     absl::StatusOr<std::optional<params::SelectionPolicyKind>> kind =
-        SelectionPolicyFromNumber(number);
+        rpc::SelectionPolicyFromNumber(number);
     ASSERT_FALSE(kind.ok()) << number;
     EXPECT_EQ(kind.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(kind.status().message()), HasSubstr("selection.policy"));
