@@ -64,8 +64,9 @@ int main(int argc, char** argv) {
   options.default_selection = setup->default_selection;
   if (!absl::GetFlag(FLAGS_kv_tls_server_name).empty() &&
       !(setup->tls.enabled && absl::GetFlag(FLAGS_kv_tls))) {
-    TS_LOG(ERROR, "prefill worker: --kv_tls_server_name needs TLS (--tls_cert, --tls_key, "
-                  "--tls_ca) with --kv_tls");
+    TS_LOG(ERROR,
+           "prefill worker: --kv_tls_server_name needs TLS (--tls_cert, --tls_key, "
+           "--tls_ca) with --kv_tls");
     return 2;
   }
   if (setup->tls.enabled && absl::GetFlag(FLAGS_kv_tls)) {

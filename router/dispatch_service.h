@@ -31,7 +31,6 @@
 
 namespace tokenselect::router {
 
-
 // Called for every event in order, the final one last; returns false when the client is gone
 // (the request is then cancelled on the workers).
 using EmitFn = std::function<bool(const StreamEvent&)>;

@@ -36,7 +36,6 @@ absl::StatusOr<SelectionSpec> ToSelectionSpec(const v1::SelectionParams& p) {
   return s;
 }
 
-
 void ToProto(const LogprobSpec& l, v1::LogprobEntry* e) {
   e->mutable_chosen()->set_token_id(l.chosen.token_id);
   e->mutable_chosen()->set_logprob(l.chosen.logprob);

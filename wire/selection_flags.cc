@@ -13,8 +13,7 @@ ABSL_FLAG(int64_t, selection_k, 2048,
           "workers, serve: default selection budget k (tokens picked per layer)");
 ABSL_FLAG(int64_t, selection_n_init, 128, "workers, serve: default attention-sink tokens");
 ABSL_FLAG(int64_t, selection_n_local, 512, "workers, serve: default recent-window tokens");
-ABSL_FLAG(double, selection_theta, 0.9,
-          "workers, serve: default selection-cache cosine threshold");
+ABSL_FLAG(double, selection_theta, 0.9, "workers, serve: default selection-cache cosine threshold");
 ABSL_FLAG(int64_t, prefill_chunk_size, 512, "workers, serve: default prefill chunk size in tokens");
 
 namespace tokenselect::wire {

@@ -125,11 +125,11 @@ Summary Compare(const std::string& golden_dir, DummyInit init) {
         }
       }
       if (const char* path = std::getenv("TS_HF_PARITY_CONTINUATIONS")) {
-        std::ofstream(path, std::ios::app)
-            << nlohmann::json{{"golden", golden_dir}, {"preset", preset},
-                              {"prompt", prompt_index}, {"greedy", greedy}}
-                   .dump()
-            << "\n";
+        const nlohmann::json line = {{"golden", golden_dir},
+                                     {"preset", preset},
+                                     {"prompt", prompt_index},
+                                     {"greedy", greedy}};
+        std::ofstream(path, std::ios::app) << line.dump() << "\n";
       }
       ++prompt_index;
       ++summary.prompts;

@@ -316,7 +316,8 @@ TEST_F(ServicesTest, RemoteCliPromptIdsFile) {
   offline.insert(offline.end(), flags.begin(), flags.end());
   int rc_remote = 0, rc_offline = 0;
   const std::string remote_out = RunAndCapture(remote, *dir_ + "/remote-ids-file.log", &rc_remote);
-  const std::string offline_out = RunAndCapture(offline, *dir_ + "/offline-ids-file.log", &rc_offline);
+  const std::string offline_out =
+      RunAndCapture(offline, *dir_ + "/offline-ids-file.log", &rc_offline);
   EXPECT_EQ(rc_remote, 0) << ReadLog(*dir_ + "/remote-ids-file.log");
   EXPECT_EQ(rc_offline, 0);
   EXPECT_THAT(remote_out, HasSubstr("ids: "));
@@ -376,8 +377,8 @@ void ExpectRefused(const std::vector<std::string>& args, const std::string& dir,
 // serve does: a bad value, or fp8 on the CPU (whose KV stays fp32), is refused naming the flag
 // before anything loads or starts serving.
 TEST_F(ServicesTest, KvDtypeAndGpuFlags) {
-  const std::vector<std::string> serve = {"serve", "--all-in-one", "--model", *model_,
-                                          "--device", "cpu", "--port", "0"};
+  const std::vector<std::string> serve = {"serve",    "--all-in-one", "--model", *model_,
+                                          "--device", "cpu",          "--port",  "0"};
   auto with = [](std::vector<std::string> args, std::vector<std::string> more) {
     args.insert(args.end(), more.begin(), more.end());
     return args;
@@ -401,11 +402,31 @@ TEST_F(ServicesTest, ServeAllInOneDefaultSelection) {
                  "--selection_policy", "bogus"},
                 *dir_, "serve-policy.log", "--selection_* or --prefill_chunk_size");
   const int port = FreePort(), metrics_port = FreePort();
-  Process serve({BinDir() + "/tokenselect", "serve", "--all-in-one", "--model", *model_,
-                 "--device", "cpu", "--host", "127.0.0.1", "--port", std::to_string(port),
-                 "--kv_pages", "256", "--metrics_host", "127.0.0.1", "--metrics_port",
-                 std::to_string(metrics_port), "--selection_policy", "streaming",
-                 "--selection_k", "16", "--selection_n_init", "4", "--selection_n_local", "8"},
+  Process serve({BinDir() + "/tokenselect",
+                 "serve",
+                 "--all-in-one",
+                 "--model",
+                 *model_,
+                 "--device",
+                 "cpu",
+                 "--host",
+                 "127.0.0.1",
+                 "--port",
+                 std::to_string(port),
+                 "--kv_pages",
+                 "256",
+                 "--metrics_host",
+                 "127.0.0.1",
+                 "--metrics_port",
+                 std::to_string(metrics_port),
+                 "--selection_policy",
+                 "streaming",
+                 "--selection_k",
+                 "16",
+                 "--selection_n_init",
+                 "4",
+                 "--selection_n_local",
+                 "8"},
                 *dir_ + "/serve-streaming.log");
   ASSERT_TRUE(WaitServing(port, "tokenselect.v1.Generation", 60)) << "see " << *dir_;
   // GetModelInfo reports them.
@@ -415,18 +436,17 @@ TEST_F(ServicesTest, ServeAllInOneDefaultSelection) {
   EXPECT_EQ(info.default_selection().n_local(), 8);
   auto result = Connect(port)->GenerateUnary(Greedy(LongPrompt(60), 4));
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_GT(MetricSum(metrics_port, "tokenselect_selection_seconds_count",
-                      {"policy=\"streaming\""}),
-            0);
-  EXPECT_EQ(MetricSum(metrics_port, "tokenselect_selection_seconds_count",
-                      {"policy=\"tokenselect\""}),
-            0);
+  EXPECT_GT(
+      MetricSum(metrics_port, "tokenselect_selection_seconds_count", {"policy=\"streaming\""}), 0);
+  EXPECT_EQ(
+      MetricSum(metrics_port, "tokenselect_selection_seconds_count", {"policy=\"tokenselect\""}),
+      0);
 }
 
 // Flags that only mean something with TLS on are refused without it, rather than ignored.
 TEST_F(ServicesTest, TlsDependentFlagsAloneAreRefused) {
-  const std::vector<std::string> router = {"--model", *model_, "--prefill_workers",
-                                           "127.0.0.1:1", "--decode_workers", "127.0.0.1:2"};
+  const std::vector<std::string> router = {
+      "--model", *model_, "--prefill_workers", "127.0.0.1:1", "--decode_workers", "127.0.0.1:2"};
   std::vector<std::string> args = router;
   args.push_back("--tls_require_client_cert");
   ExpectRefused(args, *dir_, "router-require-cert.log", "--tls_require_client_cert needs --tls_ca",
@@ -442,23 +462,24 @@ TEST_F(ServicesTest, TlsDependentFlagsAloneAreRefused) {
 // A standalone router reports its workers' selection defaults in GetModelInfo (they answer them
 // in GetLoad), not the built-in ones.
 TEST_F(ServicesTest, RouterReportsTheWorkersDefaultSelection) {
-  const std::vector<std::string> selection = {"--selection_policy", "dense", "--selection_k",
-                                              "64", "--selection_theta", "0.5"};
+  const std::vector<std::string> selection = {"--selection_policy", "dense", "--selection_k", "64",
+                                              "--selection_theta",  "0.5"};
   const int decode_port = FreePort(), prefill_port = FreePort(), port = FreePort();
-  std::vector<std::string> decode = {BinDir() + "/decode_worker", "--model", *model_, "--host",
-                                     "127.0.0.1", "--port", std::to_string(decode_port),
-                                     "--kv_pages", "64"};
-  std::vector<std::string> prefill = {BinDir() + "/prefill_worker", "--model", *model_, "--host",
-                                      "127.0.0.1", "--port", std::to_string(prefill_port)};
+  std::vector<std::string> decode = {
+      BinDir() + "/decode_worker", "--model",    *model_, "--host", "127.0.0.1", "--port",
+      std::to_string(decode_port), "--kv_pages", "64"};
+  std::vector<std::string> prefill = {
+      BinDir() + "/prefill_worker", "--model", *model_, "--host", "127.0.0.1", "--port",
+      std::to_string(prefill_port)};
   decode.insert(decode.end(), selection.begin(), selection.end());
   prefill.insert(prefill.end(), selection.begin(), selection.end());
   Process d(decode, *dir_ + "/defaults-decode.log");
   Process p(prefill, *dir_ + "/defaults-prefill.log");
-  Process router({BinDir() + "/router", "--model", *model_, "--host", "127.0.0.1", "--port",
-                  std::to_string(port), "--prefill_workers",
-                  absl::StrCat("127.0.0.1:", prefill_port), "--decode_workers",
-                  absl::StrCat("127.0.0.1:", decode_port), "--probe_interval_s", "0.2"},
-                 *dir_ + "/defaults-router.log");
+  Process router(
+      {BinDir() + "/router", "--model", *model_, "--host", "127.0.0.1", "--port",
+       std::to_string(port), "--prefill_workers", absl::StrCat("127.0.0.1:", prefill_port),
+       "--decode_workers", absl::StrCat("127.0.0.1:", decode_port), "--probe_interval_s", "0.2"},
+      *dir_ + "/defaults-router.log");
   ASSERT_TRUE(WaitServing(port, "tokenselect.v1.Generation", 60)) << "see " << *dir_;
   const v1::ModelInfo info = ModelInfoAt(port);
   EXPECT_EQ(info.default_selection().policy(), v1::SELECTION_POLICY_DENSE);

@@ -99,11 +99,11 @@ TEST(TlsTest, ServeAllInOneMutualTls) {
   const std::string model = dir + "/model";
   ASSERT_TRUE(RunOk({BinDir() + "/tokenselect", "make-model", "--out", model}, dir + "/mm.log"));
   const int port = FreePort();
-  Process serve({BinDir() + "/tokenselect", "serve", "--all-in-one", "--model", model, "--host",
-                 "127.0.0.1", "--port", std::to_string(port), "--kv_pages", "256", "--tls_cert",
-                 dir + "/server.pem", "--tls_key", dir + "/server.key", "--tls_ca",
-                 dir + "/ca.pem"},
-                dir + "/serve.log");
+  Process serve(
+      {BinDir() + "/tokenselect", "serve", "--all-in-one", "--model", model, "--host", "127.0.0.1",
+       "--port", std::to_string(port), "--kv_pages", "256", "--tls_cert", dir + "/server.pem",
+       "--tls_key", dir + "/server.key", "--tls_ca", dir + "/ca.pem"},
+      dir + "/serve.log");
   clients::ClientOptions options;
   options.target = absl::StrCat("localhost:", port);
   options.tls.enabled = true;

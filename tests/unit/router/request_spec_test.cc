@@ -29,7 +29,8 @@ TEST(SelectionPolicyNumberTest, EveryWirePolicyRoundTrips) {
 }
 
 TEST(SelectionPolicyNumberTest, UnspecifiedIsTheWorkersDefault) {
-  absl::StatusOr<std::optional<params::SelectionPolicyKind>> kind = rpc::SelectionPolicyFromNumber(0);
+  absl::StatusOr<std::optional<params::SelectionPolicyKind>> kind =
+      rpc::SelectionPolicyFromNumber(0);
   ASSERT_TRUE(kind.ok()) << kind.status();
   EXPECT_FALSE(kind->has_value());
 }
