@@ -211,6 +211,26 @@ class ServicesTest : public ::testing::Test {
     return sum;
   }
 
+  // `tokenselect generate FLAGS` through the router prints what it prints offline (the streamed
+  // text and, with --print_ids, the ids line); logs remote-NAME.log and offline-NAME.log.
+  static void ExpectRemoteCliMatchesOffline(const std::vector<std::string>& flags,
+                                            const std::string& name) {
+    std::vector<std::string> remote = {BinDir() + "/tokenselect", "generate", "--server",
+                                       absl::StrCat("127.0.0.1:", router_port_)};
+    std::vector<std::string> offline = {BinDir() + "/tokenselect", "generate", "--model", *model_};
+    remote.insert(remote.end(), flags.begin(), flags.end());
+    offline.insert(offline.end(), flags.begin(), flags.end());
+    int rc_remote = 0, rc_offline = 0;
+    const std::string remote_out =
+        RunAndCapture(remote, absl::StrCat(*dir_, "/remote-", name, ".log"), &rc_remote);
+    const std::string offline_out =
+        RunAndCapture(offline, absl::StrCat(*dir_, "/offline-", name, ".log"), &rc_offline);
+    EXPECT_EQ(rc_remote, 0) << name;
+    EXPECT_EQ(rc_offline, 0) << name;
+    EXPECT_THAT(remote_out, HasSubstr("ids: ")) << name;
+    EXPECT_EQ(remote_out, offline_out) << name;
+  }
+
   static clients::GenerateInput Greedy(const std::string& prompt, int max_new_tokens) {
     clients::GenerateInput in;
     in.prompt = prompt;
@@ -281,20 +301,8 @@ TEST_F(ServicesTest, UnaryMatchesStreaming) {
 }
 
 TEST_F(ServicesTest, RemoteCliMatchesOfflineCli) {
-  const std::vector<std::string> flags = {"--prompt", "The remote CLI", "--max_new_tokens", "10",
-                                          "--print_ids"};
-  std::vector<std::string> remote = {BinDir() + "/tokenselect", "generate", "--server",
-                                     absl::StrCat("127.0.0.1:", router_port_)};
-  std::vector<std::string> offline = {BinDir() + "/tokenselect", "generate", "--model", *model_};
-  remote.insert(remote.end(), flags.begin(), flags.end());
-  offline.insert(offline.end(), flags.begin(), flags.end());
-  int rc_remote = 0, rc_offline = 0;
-  const std::string remote_out = RunAndCapture(remote, *dir_ + "/remote-cli.log", &rc_remote);
-  const std::string offline_out = RunAndCapture(offline, *dir_ + "/offline.log", &rc_offline);
-  EXPECT_EQ(rc_remote, 0);
-  EXPECT_EQ(rc_offline, 0);
-  EXPECT_THAT(remote_out, HasSubstr("ids: "));
-  EXPECT_EQ(remote_out, offline_out);  // the streamed text and the ids line
+  ExpectRemoteCliMatchesOffline(
+      {"--prompt", "The remote CLI", "--max_new_tokens", "10", "--print_ids"}, "cli");
 }
 
 std::string ReadLog(const std::string& path) {
@@ -307,21 +315,8 @@ std::string ReadLog(const std::string& path) {
 TEST_F(ServicesTest, RemoteCliPromptIdsFile) {
   const std::string ids_file = *dir_ + "/prompt_ids.txt";
   std::ofstream(ids_file) << "5, 17, 42\n99 250\t7\n";
-  const std::vector<std::string> flags = {"--prompt_ids_file", ids_file, "--max_new_tokens", "6",
-                                          "--print_ids"};
-  std::vector<std::string> remote = {BinDir() + "/tokenselect", "generate", "--server",
-                                     absl::StrCat("127.0.0.1:", router_port_)};
-  std::vector<std::string> offline = {BinDir() + "/tokenselect", "generate", "--model", *model_};
-  remote.insert(remote.end(), flags.begin(), flags.end());
-  offline.insert(offline.end(), flags.begin(), flags.end());
-  int rc_remote = 0, rc_offline = 0;
-  const std::string remote_out = RunAndCapture(remote, *dir_ + "/remote-ids-file.log", &rc_remote);
-  const std::string offline_out =
-      RunAndCapture(offline, *dir_ + "/offline-ids-file.log", &rc_offline);
-  EXPECT_EQ(rc_remote, 0) << ReadLog(*dir_ + "/remote-ids-file.log");
-  EXPECT_EQ(rc_offline, 0);
-  EXPECT_THAT(remote_out, HasSubstr("ids: "));
-  EXPECT_EQ(remote_out, offline_out);
+  ExpectRemoteCliMatchesOffline(
+      {"--prompt_ids_file", ids_file, "--max_new_tokens", "6", "--print_ids"}, "ids-file");
 }
 
 // --device: a bad value is refused naming the flag; cuda either runs (GPU host, CUDA build) and
