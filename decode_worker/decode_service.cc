@@ -22,7 +22,8 @@ absl::StatusOr<DecodeSpec> ToSpec(const pb::WorkerRequest& r,
   spec.request_id = r.request_id();
   spec.prompt.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
   spec.sampling = rpc::SamplingFromProto(r.sampling());
-  absl::StatusOr<engine::SelectionOptions> selection = wire::ToEngine(r.selection(), defaults);
+  absl::StatusOr<engine::SelectionOptions> selection =
+      rpc::SelectionFromProto(r.selection(), defaults);
   if (!selection.ok()) return selection.status();
   spec.selection = *selection;
   spec.skip_special_tokens = !r.has_skip_special_tokens() || r.skip_special_tokens();

@@ -28,7 +28,7 @@ class PrefillServiceImpl final : public pb::PrefillWorker::Service {
     spec.prompt.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
     spec.sampling = rpc::SamplingFromProto(r.sampling());
     absl::StatusOr<engine::SelectionOptions> selection =
-        wire::ToEngine(r.selection(), options_.default_selection);
+        rpc::SelectionFromProto(r.selection(), options_.default_selection);
     if (!selection.ok()) return rpc::ToGrpcStatus(selection.status());
     spec.selection = *selection;
     spec.decode_address = req->decode_worker_address();

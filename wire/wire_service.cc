@@ -3,15 +3,7 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "rpc/proto_params.h"
-
 namespace tokenselect::wire {
-
-absl::StatusOr<engine::SelectionOptions> ToEngine(const v1::SelectionParams& p,
-                                                  engine::SelectionOptions s) {
-  return rpc::SelectionFromProto(p, std::move(s));
-}
 
 v1::FinishReason ToWire(engine::FinishReason reason) {
   switch (reason) {

@@ -5,10 +5,8 @@
 #define TOKENSELECT_WIRE_WIRE_SERVICE_H_
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/sampling/finish_reason.h"
-#include "engine/selection/selection_options.h"
 #include "engine/transfer/kv_format.h"
 #include "proto/tokenselect/v1/worker.pb.h"
 
@@ -16,11 +14,8 @@ namespace tokenselect::wire {
 
 namespace v1 = ::tokenselect::v1;
 
-// SamplingParams: rpc::SamplingFromProto (rpc/proto_params.h), shared with the router.
-// Overrides `defaults` with the fields that are set; InvalidArgument for an unknown policy (the
-// values are validated later by ValidateSelectionOptions).
-absl::StatusOr<engine::SelectionOptions> ToEngine(const v1::SelectionParams& params,
-                                                  engine::SelectionOptions defaults);
+// SamplingParams and SelectionParams: rpc::SamplingFromProto and rpc::SelectionFromProto
+// (rpc/proto_params.h), shared with the router.
 
 v1::FinishReason ToWire(engine::FinishReason reason);
 
