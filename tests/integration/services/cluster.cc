@@ -117,7 +117,12 @@ std::string MakeTempDir(const std::string& prefix) {
 }
 
 bool WaitServing(int port, const std::string& service, double timeout_s) {
-  auto channel = rpc::MakeChannel(rpc::LoopbackTarget(port), rpc::ChannelOptions());
+  return WaitServing(rpc::LoopbackTarget(port), rpc::ChannelOptions(), service, timeout_s);
+}
+
+bool WaitServing(const std::string& target, const rpc::ChannelOptions& options,
+                 const std::string& service, double timeout_s) {
+  auto channel = rpc::MakeChannel(target, options);
   if (!channel.ok()) return false;
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (std::chrono::steady_clock::now() < end) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "rpc/channels.h"
+
 namespace tokenselect::testing {
 
 // A port that was free a moment ago (bound to port 0 and released).
@@ -43,6 +45,9 @@ std::string MakeTempDir(const std::string& prefix);
 
 // Polls grpc.health.v1 on 127.0.0.1:port until `service` is SERVING (true) or `timeout_s` passes.
 bool WaitServing(int port, const std::string& service, double timeout_s);
+// The same on `target` over a channel with `options` (TLS, a client certificate).
+bool WaitServing(const std::string& target, const rpc::ChannelOptions& options,
+                 const std::string& service, double timeout_s);
 
 // True when the openssl CLI is installed.
 bool HaveOpenssl();

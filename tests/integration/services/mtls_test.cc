@@ -6,11 +6,9 @@
 // the workers. BinariesWithTlsFlags runs the same checks on the real binaries and their flags.
 #include <signal.h>
 
-#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -78,13 +76,9 @@ TEST(MtlsTest, RouterAndWorkersTalkMutualTls) {
   clients::ClientOptions client_options;
   client_options.target = rpc::LoopbackTarget((*router)->port());
   auto client = *clients::Client::Create(client_options);
-  bool ready = false;
-  for (int i = 0; i < 100 && !ready; ++i) {
-    auto status = client->Health("tokenselect.v1.Generation", absl::Seconds(1));
-    ready = status.ok() && *status == rpc::ServingStatus::kServing;
-    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(ready) << "the router never saw healthy workers over mTLS";
+  ASSERT_TRUE(
+      WaitServing(client_options.target, {client_options.tls}, "tokenselect.v1.Generation", 10))
+      << "the router never saw healthy workers over mTLS";
   clients::GenerateInput in;
   in.prompt = "mutual TLS";
   in.sampling.temperature = 0;
@@ -150,13 +144,9 @@ TEST(MtlsTest, BinariesWithTlsFlags) {
   client_options.tls.enabled = true;
   client_options.tls.ca_file = dir + "/ca.pem";
   auto client = *clients::Client::Create(client_options);
-  bool ready = false;
-  for (int i = 0; i < 300 && !ready; ++i) {
-    auto status = client->Health("tokenselect.v1.Generation", absl::Seconds(1));
-    ready = status.ok() && *status == rpc::ServingStatus::kServing;
-    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(ready) << "the router never saw healthy workers over mTLS, logs in " << dir;
+  ASSERT_TRUE(
+      WaitServing(client_options.target, {client_options.tls}, "tokenselect.v1.Generation", 30))
+      << "the router never saw healthy workers over mTLS, logs in " << dir;
   clients::GenerateInput in;
   in.prompt = "mutual TLS from flags";
   in.sampling.temperature = 0;

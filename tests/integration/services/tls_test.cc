@@ -1,6 +1,5 @@
 // TLS and API keys on the router's public port, with the real binaries on loopback. The
 // certificates are made at test time with the openssl CLI (skipped when it is not installed).
-#include <unistd.h>
 
 #include <fstream>
 #include <filesystem>
@@ -55,13 +54,8 @@ TEST(TlsTest, ApiKeyAndTlsOnThePublicPort) {
   options.api_key = "secret-key-1";
   auto good = *clients::Client::Create(options);
   // Wait until the router is up and has found its workers.
-  bool ready = false;
-  for (int i = 0; i < 300 && !ready; ++i) {
-    auto status = good->Health("tokenselect.v1.Generation", absl::Seconds(1));
-    ready = status.ok() && *status == rpc::ServingStatus::kServing;
-    if (!ready) usleep(100000);
-  }
-  ASSERT_TRUE(ready) << "router not ready, logs in " << dir;
+  ASSERT_TRUE(WaitServing(options.target, {options.tls}, "tokenselect.v1.Generation", 30))
+      << "router not ready, logs in " << dir;
 
   clients::GenerateInput in;
   in.prompt = "secure hello";
@@ -111,13 +105,8 @@ TEST(TlsTest, ServeAllInOneMutualTls) {
   options.tls.cert_file = dir + "/server.pem";  // also valid as a client certificate
   options.tls.key_file = dir + "/server.key";
   auto with_cert = *clients::Client::Create(options);
-  bool ready = false;
-  for (int i = 0; i < 300 && !ready; ++i) {
-    auto status = with_cert->Health("tokenselect.v1.Generation", absl::Seconds(1));
-    ready = status.ok() && *status == rpc::ServingStatus::kServing;
-    if (!ready) usleep(100000);
-  }
-  ASSERT_TRUE(ready) << "serve not ready, logs in " << dir;
+  ASSERT_TRUE(WaitServing(options.target, {options.tls}, "tokenselect.v1.Generation", 30))
+      << "serve not ready, logs in " << dir;
   clients::GenerateInput in;
   in.prompt = "mutual hello";
   in.sampling.temperature = 0;
