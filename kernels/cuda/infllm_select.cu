@@ -115,47 +115,83 @@ size_t InfLlmSelectWorkspaceBytes(int64_t num_blocks, int64_t k, int64_t block_s
   return c.used();
 }
 
-cudaError_t InfLlmSelect(const InfLlmSelectParams& p, cudaStream_t stream) {
+namespace {
+
+// What both halves of the selection derive from the parameters: the blocks, how many are kept,
+// and the workspace's pieces.
+struct InfLlmPlan {
+  int64_t blocks = 0;
+  int64_t keep = 0;
+  bool covers = false;
+  InfLlmWorkspace w{};
+};
+
+cudaError_t PlanInfLlm(const InfLlmSelectParams& p, InfLlmPlan* plan) {
   const SelectionProblem& pr = p.problem;
-  if (!ValidProblem(pr) || pr.kv_type != KvCacheType::kBf16 || p.block_size <= 0 ||
-      p.reps <= 0) {
+  if (!ValidProblem(pr) || (pr.kv_type == KvCacheType::kFp8E4M3 && pr.k_scale == nullptr) ||
+      p.block_size <= 0 || p.reps <= 0) {
     return cudaErrorInvalidValue;
   }
-  if (Covers(pr)) return LaunchSelectAll(p.out, pr.num_tokens, stream);
-  const int64_t blocks = InfLlmNumBlocks(pr, p.block_size);
-  const int64_t keep = std::min(pr.k / p.block_size, blocks);
-  AssembleArgs asm_args = BaseAssemble(p.out, pr);
-  asm_args.unit = p.block_size;
-  if (keep == 0) return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
+  plan->covers = Covers(pr);
+  if (plan->covers) return cudaSuccess;
+  plan->blocks = InfLlmNumBlocks(pr, p.block_size);
+  plan->keep = std::min(pr.k / p.block_size, plan->blocks);
   Carver carver(p.workspace);
-  const InfLlmWorkspace w = CarveInfLlm(&carver, blocks, pr.k, p.block_size);
+  plan->w = CarveInfLlm(&carver, plan->blocks, pr.k, p.block_size);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t InfLlmScoreBlocks(const InfLlmSelectParams& p, cudaStream_t stream) {
+  InfLlmPlan plan;
+  TS_CUDA_RETURN_IF_ERROR(PlanInfLlm(p, &plan));
+  if (plan.covers || plan.keep == 0) return cudaSuccess;
+  const SelectionProblem& pr = p.problem;
   GroupScoreArgs g;
   g.scores = p.block_scores;
   g.query = pr.query;
-  g.keys = reinterpret_cast<const uint4*>(pr.k_cache);
+  g.keys = pr.k_cache;
+  g.kv_type = pr.kv_type;
+  g.k_scale = pr.k_scale;
   g.rep_slots = p.rep_slots;
   g.reps = p.reps;
   g.block_size = p.block_size;
-  g.num_groups = blocks;
+  g.num_groups = plan.blocks;
   g.cand_begin = pr.n_init;
   g.cand_end = pr.num_tokens - pr.n_local;
   g.num_tokens = pr.num_tokens;
   g.num_heads = static_cast<int>(pr.num_heads);
   g.num_kv_heads = static_cast<int>(pr.num_kv_heads);
   g.scale = pr.scale;
-  TS_CUDA_RETURN_IF_ERROR(LaunchGroupScore<false>(g, pr.head_dim, stream));
+  return LaunchGroupScore<false>(g, pr.head_dim, stream);
+}
+
+cudaError_t InfLlmChooseBlocks(const InfLlmSelectParams& p, cudaStream_t stream) {
+  InfLlmPlan plan;
+  TS_CUDA_RETURN_IF_ERROR(PlanInfLlm(p, &plan));
+  const SelectionProblem& pr = p.problem;
+  if (plan.covers) return LaunchSelectAll(p.out, pr.num_tokens, stream);
+  AssembleArgs asm_args = BaseAssemble(p.out, pr);
+  asm_args.unit = p.block_size;
+  if (plan.keep == 0) return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
   // This workspace needs no initialisation; TopK's part must be zero at launch.
-  TS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(w.topk_ws, 0, TopKWorkspaceBytes(0), stream));
+  TS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(plan.w.topk_ws, 0, TopKWorkspaceBytes(0), stream));
   TopKParams tp;
-  tp.out = w.topk_out;
+  tp.out = plan.w.topk_out;
   tp.scores = p.block_scores;
-  tp.workspace = w.topk_ws;
-  tp.n = blocks;
-  tp.k = keep;
+  tp.workspace = plan.w.topk_ws;
+  tp.n = plan.blocks;
+  tp.k = plan.keep;
   TS_CUDA_RETURN_IF_ERROR(TopK(tp, stream));
-  asm_args.picks = w.topk_out;
-  asm_args.num_picks_host = keep;
+  asm_args.picks = plan.w.topk_out;
+  asm_args.num_picks_host = plan.keep;
   return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
+}
+
+cudaError_t InfLlmSelect(const InfLlmSelectParams& p, cudaStream_t stream) {
+  TS_CUDA_RETURN_IF_ERROR(InfLlmScoreBlocks(p, stream));
+  return InfLlmChooseBlocks(p, stream);
 }
 
 }  // namespace tokenselect::kernels::cuda

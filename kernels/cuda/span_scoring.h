@@ -19,9 +19,11 @@
 //
 // Storage as in selection.h: keys bf16 [num_slots, num_kv_heads, head_dim] (un-rotated), query
 // fp32 [num_heads, head_dim], scores fp32. An FP8 cache (kv_cache_type.h) is read by Quest's page
-// bounds only (bounds of the dequantized keys, bit for bit those of a bf16 cache holding them);
-// SpanSelect and InfLlmSelect take bf16 keys and return cudaErrorInvalidValue for FP8 (no GPU
-// provider runs them yet: engine/selection/cuda_selection.h). Launchers take a cudaStream_t, never
+// bounds (bounds of the dequantized keys, bit for bit those of a bf16 cache holding them) and by
+// InfLlmSelect and ChunkReceivedAttention (dequantized in registers: the same results as over a
+// bf16 cache holding the dequantized keys); SpanSelect takes bf16 keys and returns
+// cudaErrorInvalidValue for FP8 (tokenselect_span has no GPU provider yet:
+// engine/selection/cuda_selection.h). Launchers take a cudaStream_t, never
 // synchronise, and return the first CUDA error; cudaErrorInvalidValue for unsupported shapes
 // (head_dim 64 or 128, group size 1, 2, 4 or 8) or inconsistent sizes. Outputs whose length is only
 // known on the device come with a device-side count. When n_init + k + n_local >= N every launcher
@@ -196,6 +198,47 @@ size_t InfLlmSelectWorkspaceBytes(int64_t num_blocks, int64_t k, int64_t block_s
 
 // Block scores (one warp per block), TopK of k / block_size blocks, the output.
 cudaError_t InfLlmSelect(const InfLlmSelectParams& params, cudaStream_t stream);
+
+// InfLlmSelect in two halves, for tensor parallelism (as QuestScorePages / QuestChoosePages):
+// InfLlmScoreBlocks writes block_scores (this rank's heads' share; nothing when the budget
+// covers the candidates or no block is kept), the caller sums them over the ranks, and
+// InfLlmChooseBlocks takes the top blocks and writes the output. InfLlmSelect is the two in a row.
+cudaError_t InfLlmScoreBlocks(const InfLlmSelectParams& params, cudaStream_t stream);
+cudaError_t InfLlmChooseBlocks(const InfLlmSelectParams& params, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// The received attention of a forward step's new tokens (what InfLLM's representatives are
+// chosen by; engine/selection/chunk_attention.h is the CPU oracle): for a step of c new tokens
+// at positions p_0 + i, already in the K cache,
+//   received[j] = sum_{i >= j} sum_h softmax_{j' <= i}(scale * q_i,h . K[slot_j', h / g])[j]
+// (queries and keys rotated at their positions)
+// - the attention token j got from the queries of the step that wrote it. Each row of each head
+// sums to 1, so received sums to c * num_heads (a decode step writes num_heads). Under tensor
+// parallelism a rank sums over its own heads; the ranks' results add up to the whole model's.
+// Costs the chunk's causal attention twice on CUDA cores (c^2 * H * d multiply-adds).
+struct ReceivedAttentionParams {
+  float* received = nullptr;         // [num_new], written
+  void* workspace = nullptr;         // ReceivedAttentionWorkspaceBytes(num_new, num_heads)
+  const __nv_bfloat16* q = nullptr;  // row i at q + i * q_row_stride: [num_heads, head_dim],
+  int64_t q_row_stride = 0;          //   un-rotated
+  const void* k_cache = nullptr;     // [num_slots, num_kv_heads, head_dim] of kv_type, un-rotated
+  KvCacheType kv_type = KvCacheType::kBf16;
+  const float* k_scale = nullptr;  // FP8 only: [num_kv_heads]
+  const int32_t* slots = nullptr;  // [num_new]: the new tokens' slots
+  int64_t first_position = 0;      // p_0
+  int64_t num_new = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;             // 64 or 128
+  const float* inv_freq = nullptr;  // [head_dim / 2]
+  float scale = 1.0f;               // > 0
+};
+
+size_t ReceivedAttentionWorkspaceBytes(int64_t num_new, int64_t num_heads);
+
+// Three launches, no atomics (the result does not depend on the schedule); fp32 throughout.
+// cudaErrorInvalidValue for a null pointer, an unsupported shape or a bad scale.
+cudaError_t ChunkReceivedAttention(const ReceivedAttentionParams& params, cudaStream_t stream);
 
 }  // namespace tokenselect::kernels::cuda
 

@@ -12,6 +12,9 @@
 // fixed order. Reads (index vectors) * H_kv * d * 2 bytes of keys; latency-bound per group
 // (a chain of a few dependent loads), so every group gets its own warp.
 //
+// In block mode the keys may be FP8 (e4m3 with per-KV-head scales, 8 B per lane instead of 16,
+// dequantized in registers: the same floats as the bf16 kernel over the dequantized keys).
+//
 // Output assembly (span_scoring_common.cu) writes the selected set from the picked units; see
 // AssembleArgs.
 #ifndef TOKENSELECT_KERNELS_CUDA_SPAN_SCORING_INTERNAL_CUH_
@@ -132,7 +135,9 @@ struct GroupScoreArgs {
   int32_t* sort_values = nullptr;
   int32_t* chosen = nullptr;
   const float* query = nullptr;
-  const uint4* keys = nullptr;
+  const void* keys = nullptr;  // bf16, or in block mode also e4m3 (kv_type, k_scale)
+  KvCacheType kv_type = KvCacheType::kBf16;
+  const float* k_scale = nullptr;  // FP8: [num_kv_heads]
   const int32_t* slots = nullptr;
   const int32_t* span_begin = nullptr;
   const int32_t* span_end = nullptr;
@@ -150,8 +155,11 @@ struct GroupScoreArgs {
   float scale = 1.0f;
 };
 
-template <int D, int G, bool kSpan>
+template <int D, int G, bool kSpan, bool kFp8>
 __global__ void __launch_bounds__(kThreads) GroupScoreKernel(GroupScoreArgs a) {
+  // A lane's 8 elements of a key: 16 B of bf16 or 8 B of e4m3.
+  using Raw = std::conditional_t<kFp8, uint2, uint4>;
+  const Raw* keys = static_cast<const Raw*>(a.keys);
   constexpr int L = D / 8;
   constexpr int KPW = 32 / L;
   extern __shared__ float sq[];  // [num_heads * D]
@@ -202,18 +210,22 @@ __global__ void __launch_bounds__(kThreads) GroupScoreKernel(GroupScoreArgs a) {
         for (int64_t it = i0; it < i1; ++it) {
           const int64_t row = static_cast<int64_t>(next_slot) * row_vecs;
           if (it + 1 < i1) next_slot = item_slot(it + 1);
-          uint4 raw[kPassChunk];
+          Raw raw[kPassChunk];
 #pragma unroll
           for (int pp = 0; pp < kPassChunk; ++pp) {
             const int kv = min((c0 + pp) * KPW + kv_in_pass, a.num_kv_heads - 1);
-            if (c0 + pp < passes) raw[pp] = __ldg(a.keys + row + kv * L + sub);
+            if (c0 + pp < passes) raw[pp] = __ldg(keys + row + kv * L + sub);
           }
 #pragma unroll
           for (int pp = 0; pp < kPassChunk; ++pp) {
             if (c0 + pp < passes) {  // warp-uniform
               float k8[8];
-              kv_internal::Bf16x8ToFloat(raw[pp], k8);
               const int kv = min((c0 + pp) * KPW + kv_in_pass, a.num_kv_heads - 1);
+              if constexpr (kFp8) {
+                kv_internal::Fp8x8ToFloat(raw[pp], __ldg(a.k_scale + kv), k8);
+              } else {
+                kv_internal::Bf16x8ToFloat(raw[pp], k8);
+              }
 #pragma unroll
               for (int gi = 0; gi < G; ++gi) {
                 const float4* q4 = reinterpret_cast<const float4*>(sq + (kv * G + gi) * D + sub * 8);
@@ -262,8 +274,14 @@ cudaError_t LaunchGroupScore(const GroupScoreArgs& a, int64_t head_dim, cudaStre
   const size_t smem = static_cast<size_t>(a.num_heads) * head_dim * sizeof(float);
   const int grid = GridFor(a.num_groups, kWarpsPerBlock, static_cast<int64_t>(NumSms()) * 16);
   return DispatchShape(shape, [&](auto d, auto g) {
-    GroupScoreKernel<decltype(d)::value, decltype(g)::value, kSpan>
-        <<<grid, kThreads, smem, stream>>>(a);
+    constexpr int D = decltype(d)::value, G = decltype(g)::value;
+    if constexpr (!kSpan) {  // FP8 keys: block mode (InfLLM) only
+      if (a.kv_type == KvCacheType::kFp8E4M3) {
+        GroupScoreKernel<D, G, false, true><<<grid, kThreads, smem, stream>>>(a);
+        return cudaGetLastError();
+      }
+    }
+    GroupScoreKernel<D, G, kSpan, false><<<grid, kThreads, smem, stream>>>(a);
     return cudaGetLastError();
   });
 }

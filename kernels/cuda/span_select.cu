@@ -467,7 +467,7 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   g.sort_values = w.values_in;
   g.chosen = w.chosen;
   g.query = pr.query;
-  g.keys = reinterpret_cast<const uint4*>(pr.k_cache);
+  g.keys = pr.k_cache;
   g.slots = pr.slots;
   g.span_begin = ix.span_begin;
   g.span_end = ix.span_end;

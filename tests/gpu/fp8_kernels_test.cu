@@ -516,6 +516,117 @@ TEST(Fp8SelectionTest, KeyScoresAndQuestBoundsEqualTheBf16Kernels) {
   }
 }
 
+// InfLLM on an FP8 cache: the received attention of a chunk, the representatives' block scores
+// and the chosen blocks equal the bf16 kernels' over the dequantized keys, bit for bit.
+TEST(Fp8SelectionTest, InfLlmEqualsTheBf16Kernels) {
+  std::mt19937 rng(9);
+  struct Case {
+    int64_t d, heads, kv_heads;
+  };
+  for (const Case& c : {Case{128, 32, 8}, Case{64, 8, 2}}) {
+    SCOPED_TRACE(testing::Message() << "d " << c.d << " h " << c.heads << "/" << c.kv_heads);
+    const int64_t slots = 3000, n = 2500, chunk = 77, block = 32, reps = 3;
+    Caches caches(slots, c.kv_heads, c.d, &rng);
+    std::vector<int32_t> slot_ids(static_cast<size_t>(n));
+    for (int32_t& s : slot_ids) s = static_cast<int32_t>(rng() % slots);
+    DeviceBuffer<int32_t> d_slots(slot_ids);
+    const int64_t row = c.heads * c.d;
+    DeviceBuffer<uint16_t> d_q(RandomBf16(chunk * row, 1.0f, &rng));
+    RopeParams rope;
+    rope.head_dim = c.d;
+    DeviceBuffer<float> d_inv(RopeInverseFrequencies(rope));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> query(static_cast<size_t>(row));
+    for (float& x : query) x = normal(rng);
+    DeviceBuffer<float> d_query(query);
+    std::vector<float> received[2], scores[2];
+    std::vector<int32_t> chosen[2];
+    for (int fp8 = 0; fp8 < 2; ++fp8) {
+      const KvCacheType type = fp8 ? KvCacheType::kFp8E4M3 : KvCacheType::kBf16;
+      const void* k = fp8 ? static_cast<const void*>(caches.d_k8.get()) : caches.d_k16.get();
+      const float* k_scale = fp8 ? caches.d_k_scale.get() : nullptr;
+      // The received attention of the last chunk of the sequence's tokens.
+      DeviceBuffer<float> d_received(static_cast<size_t>(n));
+      d_received.Zero();
+      DeviceBuffer<char> ws(ReceivedAttentionWorkspaceBytes(chunk, c.heads));
+      ReceivedAttentionParams rp;
+      rp.received = d_received.get() + (n - chunk);
+      rp.workspace = ws.get();
+      rp.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
+      rp.q_row_stride = row;
+      rp.k_cache = k;
+      rp.kv_type = type;
+      rp.k_scale = k_scale;
+      rp.slots = d_slots.get() + (n - chunk);
+      rp.first_position = n - chunk;
+      rp.num_new = chunk;
+      rp.num_heads = c.heads;
+      rp.num_kv_heads = c.kv_heads;
+      rp.head_dim = c.d;
+      rp.inv_freq = d_inv.get();
+      rp.scale = 0.125f;
+      ASSERT_EQ(ChunkReceivedAttention(rp, nullptr), cudaSuccess);
+      // Random received attention for the earlier tokens, the same for both caches.
+      std::mt19937 fill(17);
+      std::vector<float> earlier(static_cast<size_t>(n - chunk));
+      for (float& x : earlier) x = static_cast<float>(fill() % 1000);
+      ASSERT_EQ(
+          cudaMemcpy(d_received.get(), earlier.data(), earlier.size() * 4, cudaMemcpyHostToDevice),
+          cudaSuccess);
+      SelectionProblem pr;
+      pr.query = d_query.get();
+      pr.k_cache = k;
+      pr.kv_type = type;
+      pr.k_scale = k_scale;
+      pr.slots = d_slots.get();
+      pr.num_tokens = n;
+      pr.num_heads = c.heads;
+      pr.num_kv_heads = c.kv_heads;
+      pr.head_dim = c.d;
+      pr.scale = 0.125f;
+      pr.n_init = 5;
+      pr.k = 8 * block;
+      pr.n_local = 40;
+      const int64_t blocks = InfLlmNumBlocks(pr, block);
+      DeviceBuffer<int32_t> d_reps(static_cast<size_t>(blocks * reps));
+      InfLlmRepsParams rep;
+      rep.rep_slots = d_reps.get();
+      rep.received = d_received.get();
+      rep.received_size = n;
+      rep.problem = pr;
+      rep.block_size = block;
+      rep.reps = reps;
+      ASSERT_EQ(InfLlmRepresentatives(rep, nullptr), cudaSuccess);
+      DeviceBuffer<float> d_scores(static_cast<size_t>(blocks));
+      d_scores.Poison();
+      const int64_t cap = SelectionCapacity(pr);
+      DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(cap)), d_count(1);
+      DeviceBuffer<char> sel_ws(InfLlmSelectWorkspaceBytes(blocks, pr.k, block));
+      InfLlmSelectParams ip;
+      ip.out.tokens = d_tokens.get();
+      ip.out.num_selected = d_count.get();
+      ip.block_scores = d_scores.get();
+      ip.rep_slots = d_reps.get();
+      ip.problem = pr;
+      ip.block_size = block;
+      ip.reps = reps;
+      ip.workspace = sel_ws.get();
+      ASSERT_EQ(InfLlmSelect(ip, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      received[fp8] = d_received.Download();
+      scores[fp8] = d_scores.Download();
+      chosen[fp8] = d_tokens.Download();
+      chosen[fp8].resize(static_cast<size_t>(d_count.Download()[0]));
+    }
+    EXPECT_TRUE(
+        std::all_of(scores[1].begin(), scores[1].end(), [](float x) { return std::isfinite(x); }));
+    EXPECT_EQ(std::memcmp(received[0].data(), received[1].data(), received[0].size() * 4), 0);
+    EXPECT_EQ(std::memcmp(scores[0].data(), scores[1].data(), scores[0].size() * 4), 0);
+    EXPECT_EQ(chosen[1], chosen[0]);
+    EXPECT_EQ(chosen[1].size(), static_cast<size_t>(5 + 8 * block + 40));
+  }
+}
+
 TEST(Fp8KvPackTest, GatherAndScatterMoveFp8Bytes) {
   std::mt19937 rng(5);
   const int64_t layers = 3, slots = 64, row = 2 * 64, tokens = 21;

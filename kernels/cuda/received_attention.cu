@@ -1,0 +1,230 @@
+// The received attention of a forward step's new tokens (span_scoring.h, ChunkReceivedAttention):
+// the GPU twin of engine/selection/chunk_attention.cc's ChunkAttentionMap + ReceivedAttention.
+//
+// Three launches, no atomics, so the result does not depend on the schedule:
+//   RowStatsKernel   grid (row tiles, heads): each row's softmax maximum and 1 / sum over its
+//                    causal prefix of the chunk
+//   ColumnsKernel    grid (column tiles, heads): per head, the probabilities each column gets
+//                    from the rows at or below it, summed over those rows
+//   HeadSumKernel    received[j] = the per-head column sums added in head order
+// Tiles of kTile rows (or columns) x kTile keys; the tile's queries and keys are rotated (RoPE at
+// their true positions) as they are loaded into shared memory as fp32. A thread owns one row (or
+// column) of a tile and kTile / 8 of its partners; the 8 threads of a row combine by xor
+// shuffles in a fixed order. The two passes compute each logit by the same code, so the
+// probabilities of pass 2 are those whose sums pass 1 took.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention_internal.h"
+#include "kernels/cuda/kv_cache_load.cuh"
+#include "kernels/cuda/span_scoring.h"
+
+namespace tokenselect::kernels::cuda {
+namespace {
+
+constexpr int kTile = 32;
+constexpr int kThreads = 256;
+constexpr int kParts = kThreads / kTile;    // threads per row (8)
+constexpr int kPerThread = kTile / kParts;  // partners per thread (4)
+
+struct Views {
+  const __nv_bfloat16* q;
+  int64_t q_row_stride;
+  const void* k_cache;
+  const float* k_scale;
+  const int32_t* slots;
+  int64_t first_position;
+  int num_new, num_heads, num_kv_heads;
+  const float* inv_freq;
+  float scale;
+  float* row_max;      // [num_heads, num_new]
+  float* row_inv_sum;  // [num_heads, num_new]
+  float* column_sums;  // [num_heads, num_new]
+};
+
+// Rows [t0, t0 + kTile) of the chunk, head h, rotated at their positions, into tile[kTile][D+1]
+// (rows past the chunk are zero). Keys when kKeys (h is then the KV head).
+template <int D, bool kKeys, bool kFp8>
+__device__ void LoadRotated(const Views& v, int t0, int h, float (*tile)[D + 1]) {
+  constexpr int kHalf = D / 2;
+  for (int idx = threadIdx.x; idx < kTile * kHalf; idx += blockDim.x) {
+    const int r = idx / kHalf, e = idx % kHalf;
+    const int t = t0 + r;
+    float x = 0.0f, y = 0.0f;
+    if (t < v.num_new) {
+      if constexpr (kKeys) {
+        const int64_t base = (static_cast<int64_t>(v.slots[t]) * v.num_kv_heads + h) * D;
+        const float s = kFp8 ? v.k_scale[h] : 1.0f;
+        x = kv_internal::LoadKvElement<kFp8>(v.k_cache, base + e, s);
+        y = kv_internal::LoadKvElement<kFp8>(v.k_cache, base + e + kHalf, s);
+      } else {
+        const __nv_bfloat16* row = v.q + t * v.q_row_stride + static_cast<int64_t>(h) * D;
+        x = __bfloat162float(row[e]);
+        y = __bfloat162float(row[e + kHalf]);
+      }
+      float sn, cs;
+      internal::RopeSinCos(static_cast<float>(v.first_position + t) * v.inv_freq[e], &sn, &cs);
+      const float a = x;
+      x = a * cs - y * sn;
+      y = y * cs + a * sn;
+    }
+    tile[r][e] = x;
+    tile[r][e + kHalf] = y;
+  }
+}
+
+template <int D>
+__device__ __forceinline__ float Logit(const float* q, const float* k, float scale) {
+  float dot = 0.0f;
+#pragma unroll 16
+  for (int e = 0; e < D; ++e) dot = fmaf(q[e], k[e], dot);
+  return dot * scale;
+}
+
+template <int D, bool kFp8>
+__global__ void __launch_bounds__(kThreads) RowStatsKernel(Views v) {
+  __shared__ float sq[kTile][D + 1];
+  __shared__ float sk[kTile][D + 1];
+  const int h = blockIdx.y, kv = h / (v.num_heads / v.num_kv_heads);
+  const int r0 = blockIdx.x * kTile;
+  const int r = threadIdx.x / kParts, part = threadIdx.x % kParts;
+  const int row = r0 + r;
+  LoadRotated<D, false, kFp8>(v, r0, h, sq);
+  float m = -INFINITY, z = 0.0f;
+  for (int c0 = 0; c0 <= r0; c0 += kTile) {
+    __syncthreads();  // the previous key tile is consumed (and the query tile loaded)
+    LoadRotated<D, true, kFp8>(v, c0, kv, sk);
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const int j = part + kParts * u, col = c0 + j;
+      if (row >= v.num_new || col > row) continue;
+      const float s = Logit<D>(sq[r], sk[j], v.scale);
+      if (s > m) {
+        z = z * expf(m - s) + 1.0f;  // m = -inf: z is 0 and expf(-inf) 0
+        m = s;
+      } else {
+        z += expf(s - m);
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 1; off < kParts; off <<= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, off);
+    const float oz = __shfl_xor_sync(0xffffffffu, z, off);
+    const float nm = fmaxf(m, om);
+    if (nm != -INFINITY) {
+      z = (m == -INFINITY ? 0.0f : z * expf(m - nm)) +
+          (om == -INFINITY ? 0.0f : oz * expf(om - nm));
+    }
+    m = nm;
+  }
+  if (part == 0 && row < v.num_new) {
+    v.row_max[static_cast<int64_t>(h) * v.num_new + row] = m;
+    v.row_inv_sum[static_cast<int64_t>(h) * v.num_new + row] = 1.0f / z;
+  }
+}
+
+template <int D, bool kFp8>
+__global__ void __launch_bounds__(kThreads) ColumnsKernel(Views v) {
+  __shared__ float sq[kTile][D + 1];
+  __shared__ float sk[kTile][D + 1];
+  __shared__ float sm[kTile], sz[kTile];
+  const int h = blockIdx.y, kv = h / (v.num_heads / v.num_kv_heads);
+  const int c0 = blockIdx.x * kTile;
+  const int j = threadIdx.x / kParts, part = threadIdx.x % kParts;
+  const int col = c0 + j;
+  LoadRotated<D, true, kFp8>(v, c0, kv, sk);
+  float acc = 0.0f;
+  for (int r0 = c0; r0 < v.num_new; r0 += kTile) {
+    __syncthreads();
+    LoadRotated<D, false, kFp8>(v, r0, h, sq);
+    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+      const int row = r0 + i;
+      const bool in = row < v.num_new;
+      sm[i] = in ? v.row_max[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
+      sz[i] = in ? v.row_inv_sum[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const int i = part + kParts * u, row = r0 + i;
+      if (row >= v.num_new || col > row) continue;
+      acc += expf(Logit<D>(sq[i], sk[j], v.scale) - sm[i]) * sz[i];
+    }
+  }
+#pragma unroll
+  for (int off = 1; off < kParts; off <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (part == 0 && col < v.num_new) {
+    v.column_sums[static_cast<int64_t>(h) * v.num_new + col] = acc;
+  }
+}
+
+__global__ void HeadSumKernel(float* __restrict__ received, const float* __restrict__ column_sums,
+                              int num_new, int num_heads) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= num_new) return;
+  float sum = 0.0f;
+  for (int h = 0; h < num_heads; ++h) sum += column_sums[static_cast<int64_t>(h) * num_new + j];
+  received[j] = sum;
+}
+
+template <int D, bool kFp8>
+cudaError_t Launch(const Views& v, cudaStream_t stream) {
+  const dim3 grid((v.num_new + kTile - 1) / kTile, v.num_heads);
+  RowStatsKernel<D, kFp8><<<grid, kThreads, 0, stream>>>(v);
+  TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  ColumnsKernel<D, kFp8><<<grid, kThreads, 0, stream>>>(v);
+  TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return cudaSuccess;
+}
+
+}  // namespace
+
+size_t ReceivedAttentionWorkspaceBytes(int64_t num_new, int64_t num_heads) {
+  return static_cast<size_t>(3 * std::max<int64_t>(num_new, 1) * std::max<int64_t>(num_heads, 1)) *
+         sizeof(float);
+}
+
+cudaError_t ChunkReceivedAttention(const ReceivedAttentionParams& p, cudaStream_t stream) {
+  const bool fp8 = p.kv_type == KvCacheType::kFp8E4M3;
+  if (p.received == nullptr || p.workspace == nullptr || p.q == nullptr || p.k_cache == nullptr ||
+      p.slots == nullptr || p.inv_freq == nullptr || (fp8 && p.k_scale == nullptr) ||
+      p.num_new < 1 || p.num_new > INT32_MAX / 2 || p.num_heads < 1 || p.num_kv_heads < 1 ||
+      p.num_heads % p.num_kv_heads != 0 || p.num_heads > 65535 ||
+      (p.head_dim != 64 && p.head_dim != 128) || p.q_row_stride < p.num_heads * p.head_dim ||
+      p.first_position < 0 || !std::isfinite(p.scale) || p.scale <= 0.0f) {
+    return cudaErrorInvalidValue;
+  }
+  float* ws = static_cast<float*>(p.workspace);
+  Views v;
+  v.q = p.q;
+  v.q_row_stride = p.q_row_stride;
+  v.k_cache = p.k_cache;
+  v.k_scale = p.k_scale;
+  v.slots = p.slots;
+  v.first_position = p.first_position;
+  v.num_new = static_cast<int>(p.num_new);
+  v.num_heads = static_cast<int>(p.num_heads);
+  v.num_kv_heads = static_cast<int>(p.num_kv_heads);
+  v.inv_freq = p.inv_freq;
+  v.scale = p.scale;
+  v.row_max = ws;
+  v.row_inv_sum = ws + p.num_new * p.num_heads;
+  v.column_sums = ws + 2 * p.num_new * p.num_heads;
+  cudaError_t err;
+  if (p.head_dim == 64) {
+    err = fp8 ? Launch<64, true>(v, stream) : Launch<64, false>(v, stream);
+  } else {
+    err = fp8 ? Launch<128, true>(v, stream) : Launch<128, false>(v, stream);
+  }
+  TS_CUDA_RETURN_IF_ERROR(err);
+  HeadSumKernel<<<(v.num_new + 255) / 256, 256, 0, stream>>>(p.received, v.column_sums, v.num_new,
+                                                             v.num_heads);
+  return cudaGetLastError();
+}
+
+}  // namespace tokenselect::kernels::cuda
