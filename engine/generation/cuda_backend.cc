@@ -11,6 +11,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
 #include "engine/selection/cuda_selection.h"
+#include "engine/transfer/selection_state.h"
 
 namespace tokenselect::engine {
 
@@ -80,15 +81,26 @@ class CudaRunner final : public SequenceRunner, public KvStore {
   }
   int64_t length() const override { return seq_->length(); }
   KvStore* kv() override { return this; }
-  // The GPU policies keep no state beyond the selection cache, which starts empty on the
-  // decode worker as it does after a prefill in one process (the first decode step misses).
-  std::vector<std::string> CollectSelectionStates() const override { return {}; }
+  // InfLLM's received attention (every rank holds the same sums: rank 0's); the other GPU
+  // policies keep no state beyond the selection cache, which starts empty on the decode worker
+  // as it does after a prefill in one process (the first decode step misses).
+  std::vector<std::string> CollectSelectionStates() const override {
+    std::vector<SelectionLayerState> states;
+    absl::MutexLock lock(&backend_->mu_);
+    const absl::Status copied = OnRankZero([&](CudaModel* shard) -> absl::Status {
+      ASSIGN_OR_RETURN(states, attention_[0]->ExportLayerStates(shard->stream()));
+      return absl::OkStatus();
+    });
+    // The interface has no error path here: a failed copy (the device is gone) sends no state,
+    // and the decode worker's steps then fail on the same device error.
+    if (!copied.ok()) return {};
+    return SerializeSelectionStates(states);
+  }
   absl::Status RestoreSelectionStates(std::vector<SelectionLayerState> states) override {
-    if (!states.empty()) {
-      return absl::UnimplementedError(
-          "final.selection_states: the GPU backend's policies take no prefill state");
-    }
-    return absl::OkStatus();
+    absl::MutexLock lock(&backend_->mu_);
+    return backend_->model_->RunOnRanks([&](int rank, CudaModel* shard) {
+      return attention_[rank]->ImportLayerStates(states, shard->stream());
+    });
   }
 
   // KvStore.

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -53,7 +54,9 @@ bool CoversAll(const SelectionOptions& o, int64_t n) { return o.n_init + o.k + o
 // A bound on the list length of a step of m new tokens after n cached ones.
 int64_t ListBound(const SelectionOptions& o, int64_t n, int64_t m) {
   if (o.policy == SelectionPolicyKind::kDense || CoversAll(o, n)) return n + m;
-  if (o.policy == SelectionPolicyKind::kQuest) return std::min(n, o.n_init + o.k + o.n_local) + m;
+  if (o.policy == SelectionPolicyKind::kQuest || o.policy == SelectionPolicyKind::kInfLlm) {
+    return std::min(n, o.n_init + o.k + o.n_local) + m;
+  }
   if (o.policy == SelectionPolicyKind::kStreaming) return o.n_init + o.k + o.n_local + m;
   return o.n_init + std::min(o.k, n - o.n_init - o.n_local) + o.n_local + m;
 }
@@ -98,6 +101,17 @@ struct CudaSelectionAttention::Device {
   std::vector<int64_t> complete_pages;   // [L]: pages whose bounds are final
   std::vector<int64_t> seen_tokens;      // [L]: N of the layer's last call
   int64_t max_pages = 0;
+  // InfLLM: per layer the received attention of tokens [0, observed[l]) (layer_state.h; the
+  // rest count as 0), ChunkReceivedAttention's workspace, the blocks' representatives and
+  // scores (the selected set and its count are Quest's buffers above).
+  float* received = nullptr;      // [L, max_tokens]
+  std::vector<int64_t> observed;  // [L]
+  void* received_workspace = nullptr;
+  int32_t* rep_slots = nullptr;   // [max_blocks, reps]
+  float* block_scores = nullptr;  // [max_blocks]
+  void* infllm_workspace = nullptr;
+  int64_t max_tokens = 0;
+  int64_t max_blocks = 0;
   int64_t max_candidates = 0;
   int64_t max_new = 0;
 };
@@ -133,17 +147,26 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     case SelectionPolicyKind::kDense:
     case SelectionPolicyKind::kStreaming:
     case SelectionPolicyKind::kQuest:
+    case SelectionPolicyKind::kInfLlm:
       break;
     default:
       return absl::UnimplementedError(absl::StrCat(
           "selection.policy ", PolicyName(options.policy),
-          " has no GPU implementation yet (GPU policies: tokenselect, topk, quest, dense, "
+          " has no GPU implementation yet (GPU policies: tokenselect, topk, quest, infllm, dense, "
           "streaming)"));
+  }
+  if (options.policy == SelectionPolicyKind::kInfLlm && invariant_shards > 0) {
+    // Its head sums (received attention, block scores) are not yet taken in the fixed shard
+    // order that TP-invariant numerics need.
+    return absl::UnimplementedError(
+        "selection.policy infllm has no TP-invariant numerics on the GPU (invariant_shards must "
+        "be 0)");
   }
   const int64_t group = config.num_heads / std::max<int64_t>(1, config.num_kv_heads);
   const bool quest = options.policy == SelectionPolicyKind::kQuest;
+  const bool infllm = options.policy == SelectionPolicyKind::kInfLlm;
   const bool scores_keys = options.policy == SelectionPolicyKind::kTokenSelect ||
-                           options.policy == SelectionPolicyKind::kTopK || quest;
+                           options.policy == SelectionPolicyKind::kTopK || quest || infllm;
   if (scores_keys && ((config.head_dim != 64 && config.head_dim != 128) ||
                       (group != 1 && group != 2 && group != 4 && group != 8))) {
     return absl::UnimplementedError(absl::StrCat(
@@ -178,6 +201,26 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     RETURN_IF_ERROR(d.arena.Get(1, &d.num_selected));
     d.complete_pages.assign(static_cast<size_t>(layers), 0);
     d.seen_tokens.assign(static_cast<size_t>(layers), 0);
+  } else if (infllm) {
+    // Every step's received attention is kept, whether or not the budget covers the cache yet.
+    d.max_tokens = max_tokens;
+    RETURN_IF_ERROR(d.arena.Get(layers * max_tokens, &d.received));
+    d.observed.assign(static_cast<size_t>(layers), 0);
+    char* ws = nullptr;
+    RETURN_IF_ERROR(d.arena.Get(
+        static_cast<int64_t>(kc::ReceivedAttentionWorkspaceBytes(max_new, heads)), &ws));
+    d.received_workspace = ws;
+    const int64_t block = options.baselines.infllm_block_size;
+    const int64_t reps = options.baselines.infllm_representatives;
+    d.max_blocks = (d.max_candidates + block - 1) / block;
+    RETURN_IF_ERROR(d.arena.Get(row, &d.query));
+    RETURN_IF_ERROR(d.arena.Get(d.max_blocks * reps, &d.rep_slots));
+    RETURN_IF_ERROR(d.arena.Get(d.max_blocks, &d.block_scores));
+    RETURN_IF_ERROR(d.arena.Get(
+        static_cast<int64_t>(kc::InfLlmSelectWorkspaceBytes(d.max_blocks, options.k, block)), &ws));
+    d.infllm_workspace = ws;
+    RETURN_IF_ERROR(d.arena.Get(options.n_init + options.k + options.n_local, &d.selected));
+    RETURN_IF_ERROR(d.arena.Get(1, &d.num_selected));
   } else if (scores_keys && !quest && d.max_candidates > k) {
     RETURN_IF_ERROR(d.arena.Get(row, &d.query));
     RETURN_IF_ERROR(d.arena.Get(d.max_candidates * heads, &d.logits));
@@ -252,6 +295,7 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
         "GPU selection: a device-side cache length for a step this provider cannot replay");
   }
   if (device_n == nullptr) Account(n, m);
+  if (o.policy == SelectionPolicyKind::kInfLlm) RETURN_IF_ERROR(ObserveInfLlm(query));
   if (o.policy == SelectionPolicyKind::kDense || CoversAll(o, n)) {
     kc::DenseListParams p;
     p.kv_indptr = d.indptr;
@@ -263,8 +307,9 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
     RETURN_IF_ERROR(CudaStatus(kc::FillDenseList(p, s), "FillDenseList"));
     list->kv_indices = query.token_slots;
     list->kv_positions = query.iota;
-  } else if (o.policy == SelectionPolicyKind::kQuest) {
-    RETURN_IF_ERROR(SelectQuest(query));
+  } else if (o.policy == SelectionPolicyKind::kQuest || o.policy == SelectionPolicyKind::kInfLlm) {
+    RETURN_IF_ERROR(o.policy == SelectionPolicyKind::kQuest ? SelectQuest(query)
+                                                            : SelectInfLlm(query));
     list->kv_indices = d.indices;
     list->kv_positions = d.positions;
   } else {
@@ -443,6 +488,16 @@ void CudaSelectionAttention::Account(int64_t n, int64_t m) {
   } else if (o.policy == SelectionPolicyKind::kQuest) {
     stats_.candidates_scored += (n - o.n_init - o.n_local + o.baselines.quest_page_size - 1) /
                                 o.baselines.quest_page_size;
+  } else if (o.policy == SelectionPolicyKind::kInfLlm) {
+    // The representatives scored (infllm_policy.cc): min(reps, block length) per block, when a
+    // block is kept at all.
+    const int64_t block = o.baselines.infllm_block_size;
+    const int64_t reps = o.baselines.infllm_representatives;
+    const int64_t candidates = n - o.n_init - o.n_local;
+    if (o.k / block > 0) {
+      const int64_t tail = candidates % block;
+      stats_.candidates_scored += candidates / block * reps + std::min(reps, tail);
+    }
   } else if (o.policy != SelectionPolicyKind::kStreaming && m != 1) {
     stats_.candidates_scored += n - o.n_init - o.n_local;  // decode goes through the cache
   }
@@ -511,6 +566,12 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
     RETURN_IF_ERROR(query.tp->AllReduceSum(d.page_scores, kc::QuestNumPages(qp.problem, page), s));
   }
   RETURN_IF_ERROR(CudaStatus(kc::QuestChoosePages(qp, s), "QuestChoosePages"));
+  return ListFromSelected(query);
+}
+
+absl::Status CudaSelectionAttention::ListFromSelected(const CudaAttentionQuery& query) {
+  Device& d = *dev_;
+  const SelectionOptions& o = options_;
   kc::TokensListParams lp;
   lp.kv_indptr = d.indptr;
   lp.kv_indices = d.indices;
@@ -521,10 +582,158 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
   lp.tokens = d.selected;
   lp.count = d.num_selected;
   lp.capacity = o.n_init + o.k + o.n_local;
-  lp.num_cached = n;
-  lp.num_new = m;
-  RETURN_IF_ERROR(CudaStatus(kc::ListFromTokens(lp, s), "ListFromTokens"));
+  lp.num_cached = query.cache_length;
+  lp.num_new = query.num_new;
+  return CudaStatus(kc::ListFromTokens(lp, query.stream), "ListFromTokens");
+}
+
+// InfLLM, every step: the new tokens' received attention into the layer's state (zeros for
+// tokens between what was observed and this step, as the CPU's resize does; under tensor
+// parallelism each rank's heads' share, summed over the ranks).
+absl::Status CudaSelectionAttention::ObserveInfLlm(const CudaAttentionQuery& query) {
+  Device& d = *dev_;
+  const ModelConfig& c = config_;
+  const int64_t n = query.cache_length, m = query.num_new, layer = query.layer;
+  cudaStream_t s = query.stream;
+  if (n + m > d.max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU selection: ", n + m, " tokens exceed the provider's ", d.max_tokens));
+  }
+  float* received = d.received + layer * d.max_tokens;
+  int64_t& observed = d.observed[static_cast<size_t>(layer)];
+  if (observed < n) {
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemsetAsync(received + observed, 0, (n - observed) * sizeof(float), s), "memset"));
+  }
+  kc::ReceivedAttentionParams rp;
+  rp.received = received + n;
+  rp.workspace = d.received_workspace;
+  rp.q = query.q;
+  rp.q_row_stride = query.q_row_stride;
+  rp.k_cache = query.k_cache;
+  rp.kv_type = KernelKvType(query.kv_dtype);
+  rp.k_scale = query.k_scale;
+  rp.slots = query.token_slots + n;
+  rp.first_position = n;
+  rp.num_new = m;
+  rp.num_heads = c.num_heads;
+  rp.num_kv_heads = c.num_kv_heads;
+  rp.head_dim = c.head_dim;
+  rp.inv_freq = query.inv_freq;
+  // The model's attention scale, as the CPU's SelectionAttention gives its policy (not the
+  // selection's score scale).
+  rp.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  RETURN_IF_ERROR(CudaStatus(kc::ChunkReceivedAttention(rp, s), "ChunkReceivedAttention"));
+  if (IsSharded(query.tp)) RETURN_IF_ERROR(query.tp->AllReduceSum(received + n, m, s));
+  observed = n + m;
   return absl::OkStatus();
+}
+
+// InfLLM: the selection query, each block's representatives by received attention, the block
+// scores (summed over the ranks' heads under tensor parallelism), the top blocks, then the list.
+absl::Status CudaSelectionAttention::SelectInfLlm(const CudaAttentionQuery& query) {
+  Device& d = *dev_;
+  const SelectionOptions& o = options_;
+  const ModelConfig& c = config_;
+  const int64_t n = query.cache_length, m = query.num_new;
+  cudaStream_t s = query.stream;
+  RETURN_IF_ERROR(
+      CudaStatus(kc::BuildSelectionQuery(d.query, query.q, query.q_row_stride, m, c.num_heads,
+                                         c.head_dim, o.n_local, query.inv_freq, s),
+                 "BuildSelectionQuery"));
+  kc::SelectionProblem pr;
+  pr.query = d.query;
+  pr.k_cache = query.k_cache;
+  pr.kv_type = KernelKvType(query.kv_dtype);
+  pr.k_scale = query.k_scale;
+  pr.slots = query.token_slots;
+  pr.num_tokens = n;
+  pr.num_heads = c.num_heads;
+  pr.num_kv_heads = c.num_kv_heads;
+  pr.head_dim = c.head_dim;
+  pr.scale = o.scale;
+  pr.n_init = o.n_init;
+  pr.k = o.k;
+  pr.n_local = o.n_local;
+  const int64_t block = o.baselines.infllm_block_size;
+  const int64_t reps = o.baselines.infllm_representatives;
+  kc::InfLlmRepsParams rp;
+  rp.rep_slots = d.rep_slots;
+  rp.received = d.received + query.layer * d.max_tokens;
+  rp.received_size = d.observed[static_cast<size_t>(query.layer)];
+  rp.problem = pr;
+  rp.block_size = block;
+  rp.reps = reps;
+  RETURN_IF_ERROR(CudaStatus(kc::InfLlmRepresentatives(rp, s), "InfLlmRepresentatives"));
+  kc::InfLlmSelectParams ip;
+  ip.out.tokens = d.selected;
+  ip.out.num_selected = d.num_selected;
+  ip.block_scores = d.block_scores;
+  ip.rep_slots = d.rep_slots;
+  ip.problem = pr;
+  ip.block_size = block;
+  ip.reps = reps;
+  ip.workspace = d.infllm_workspace;
+  RETURN_IF_ERROR(CudaStatus(kc::InfLlmScoreBlocks(ip, s), "InfLlmScoreBlocks"));
+  if (o.k / block > 0 && IsSharded(query.tp)) {
+    RETURN_IF_ERROR(query.tp->AllReduceSum(d.block_scores, kc::InfLlmNumBlocks(pr, block), s));
+  }
+  RETURN_IF_ERROR(CudaStatus(kc::InfLlmChooseBlocks(ip, s), "InfLlmChooseBlocks"));
+  return ListFromSelected(query);
+}
+
+absl::StatusOr<std::vector<SelectionLayerState>> CudaSelectionAttention::ExportLayerStates(
+    cudaStream_t stream) const {
+  std::vector<SelectionLayerState> states;
+  if (options_.policy != SelectionPolicyKind::kInfLlm) return states;
+  const Device& d = *dev_;
+  states.resize(static_cast<size_t>(config_.num_layers));
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    std::vector<float>& received = states[static_cast<size_t>(l)].received;
+    received.resize(static_cast<size_t>(d.observed[static_cast<size_t>(l)]));
+    if (received.empty()) continue;
+    RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(received.data(), d.received + l * d.max_tokens,
+                                   received.size() * sizeof(float), cudaMemcpyDeviceToHost, stream),
+                   "received attention copy"));
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "received attention copy"));
+  return states;
+}
+
+absl::Status CudaSelectionAttention::ImportLayerStates(
+    const std::vector<SelectionLayerState>& states, cudaStream_t stream) {
+  if (states.empty()) return absl::OkStatus();
+  if (static_cast<int64_t>(states.size()) != config_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("final.selection_states has ", states.size(),
+                                                   " layers, the model ", config_.num_layers));
+  }
+  if (options_.policy != SelectionPolicyKind::kInfLlm) {
+    return absl::UnimplementedError(absl::StrCat("final.selection_states: selection.policy ",
+                                                 PolicyName(options_.policy),
+                                                 " takes no prefill state on the GPU backend"));
+  }
+  Device& d = *dev_;
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    const std::vector<float>& received = states[static_cast<size_t>(l)].received;
+    if (static_cast<int64_t>(received.size()) > d.max_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("final.selection_states[", l, "] holds ", received.size(),
+                       " tokens' received attention; the request has room for ", d.max_tokens));
+    }
+  }
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    const std::vector<float>& received = states[static_cast<size_t>(l)].received;
+    if (!received.empty()) {
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(d.received + l * d.max_tokens, received.data(),
+                          received.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+          "received attention copy"));
+    }
+    d.observed[static_cast<size_t>(l)] = static_cast<int64_t>(received.size());
+  }
+  // The host vectors may go away once this returns.
+  return CudaStatus(cudaStreamSynchronize(stream), "received attention copy");
 }
 
 absl::StatusOr<std::vector<SelectionCacheCounters>> CudaSelectionAttention::LayerCacheCounters(

@@ -12,6 +12,12 @@
 //                                              complete are rebuilt) -> upper-bound page scores
 //                                              -> pages best first into k tokens
 //                                              (kernels/cuda/span_scoring.h)
+//   infllm                                     every step: the new tokens' received attention
+//                                              (ChunkReceivedAttention, kept per layer as the
+//                                              CPU's SelectionLayerState::received); selection
+//                                              query -> per block of the candidates its most
+//                                              attended tokens -> block scores -> the top
+//                                              k / block_size blocks (span_scoring.h)
 // then sinks + picks + window + the new tokens at compact positions. On one GPU, TokenSelect
 // lists of kBoundVoteMinCandidates (320K) candidates or more are scored, voted and ranked by the
 // bound-vote selection instead (BoundVoteSelect, kernels/cuda/selection.h: no fp32 logits in
@@ -21,13 +27,16 @@
 // the host ever waiting (kernels/cuda/selection.h). Picks that fall into the moved window are
 // dropped on the device (BuildSelectedList), as on the CPU.
 //
-// An FP8 KV cache (CudaAttentionQuery::kv_dtype) is read by the key scoring and Quest's page
-// bounds, both dequantizing as they read (docs/fp8_kv.md).
+// An FP8 KV cache (CudaAttentionQuery::kv_dtype) is read by the key scoring, Quest's page
+// bounds and InfLLM's received attention and block scores, all dequantizing as they read
+// (docs/fp8_kv.md).
 //
-// Other policies (head_vote, tokenselect_span, infllm, cascade) have no GPU provider yet, and the
+// Other policies (head_vote, tokenselect_span, cascade) have no GPU provider yet, and the
 // scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
-// Unimplemented naming the policy (or the shape) otherwise. Quest keeps its page bounds per
-// layer: L x ceil(N / page_size) x 2 x kv_dim bf16, 1/8 of the K cache at pages of 16.
+// Unimplemented naming the policy (or the shape) otherwise. Quest keeps its page bounds per layer:
+// L x ceil(N / page_size) x 2 x kv_dim bf16, 1/8 of the K cache at pages of 16. InfLLM keeps L x
+// max_tokens fp32 received attention (4 bytes per token and layer); its state travels to a decode
+// worker through ExportLayerStates / ImportLayerStates (layer_state.h).
 //
 // Tensor parallelism (docs/parallel.md): one provider per rank, created with the rank's shard
 // config (CudaModel::ShardConfig) and the group size. Each rank scores with its own heads and
@@ -35,7 +44,9 @@
 // the soft votes (or summed logits) before the top-k, Quest's page bounds before the page
 // choice, and for the selection cache the ranks' selection queries are gathered (a zero-padded
 // all-reduce) so that the cosine is taken over all heads - so every rank selects exactly the
-// same tokens and takes the same cache decisions. With tp_size 1 no collective runs.
+// same tokens and takes the same cache decisions. InfLLM's received attention and block scores
+// are summed over the ranks the same way (not in the fixed order of TP-invariant numerics:
+// Create refuses infllm with invariant_shards > 0). With tp_size 1 no collective runs.
 //
 // One per request; not thread-safe. Every launch goes to the query's stream. Memory: besides the
 // per-layer cache entries (L x (H*d floats + k ids)), each provider owns its scoring scratch
@@ -52,6 +63,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/cuda_attention.h"
 #include "engine/model/model_config.h"
+#include "engine/selection/layer_state.h"
 #include "engine/selection/selection_attention.h"
 #include "engine/selection/selection_cache.h"
 #include "engine/selection/selection_options.h"
@@ -85,8 +97,9 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   CudaSelectionAttention& operator=(const CudaSelectionAttention&) = delete;
 
   absl::Status Select(const CudaAttentionQuery& query, CudaAttentionList* list) override;
-  // Decode steps of dense, streaming, tokenselect and topk (not quest: it keeps per-layer host
-  // state), once the budget no longer covers the cache, up to the provider's max_tokens.
+  // Decode steps of dense, streaming, tokenselect and topk (not quest or infllm: they keep
+  // per-layer host state), once the budget no longer covers the cache, up to the provider's
+  // max_tokens.
   bool SupportsDeviceLength(const CudaAttentionQuery& query, int64_t bound) const override;
   void AccountReplay(const CudaAttentionQuery& query) override;
 
@@ -104,6 +117,19 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   // tests (waits for the stream).
   absl::StatusOr<std::vector<int32_t>> LayerPicks(int64_t layer, cudaStream_t stream) const;
 
+  // The per-layer state a disaggregated decode worker needs to continue where this provider
+  // stopped (engine/transfer/selection_state.h): for infllm one SelectionLayerState per layer
+  // holding the received attention of the tokens observed so far; empty for the other policies
+  // (they keep nothing but the selection cache, which starts empty on a decode worker). Waits
+  // for the stream.
+  absl::StatusOr<std::vector<SelectionLayerState>> ExportLayerStates(cudaStream_t stream) const;
+  // Restores such states before the first step: empty (nothing to do) or one per layer.
+  // InvalidArgument for another count or more tokens than the provider holds, Unimplemented
+  // for states given to a policy other than infllm. Only the received attention is read.
+  // Waits for the stream.
+  absl::Status ImportLayerStates(const std::vector<SelectionLayerState>& states,
+                                 cudaStream_t stream);
+
  private:
   struct Device;
   CudaSelectionAttention(const SelectionOptions& options, const ModelConfig& config, int tp_size,
@@ -111,6 +137,11 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   // Quest's selection into the provider's list buffers (indptr, indices, positions, q
   // positions, visibility).
   absl::Status SelectQuest(const CudaAttentionQuery& query);
+  // InfLLM: the step's received attention into the layer state (every step), and the selection.
+  absl::Status ObserveInfLlm(const CudaAttentionQuery& query);
+  absl::Status SelectInfLlm(const CudaAttentionQuery& query);
+  // The list from the selected set (Quest's and InfLLM's selected / num_selected buffers).
+  absl::Status ListFromSelected(const CudaAttentionQuery& query);
   // The statistics of one layer step of m new tokens after n cached ones.
   void Account(int64_t n, int64_t m);
 

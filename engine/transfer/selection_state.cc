@@ -7,20 +7,37 @@
 
 namespace tokenselect::engine {
 
-std::vector<std::string> CollectSelectionStates(const SelectionAttention& attention,
-                                                int64_t num_layers) {
+namespace {
+
+// SerializeLayerState of state_at(0 .. count - 1), or nothing when every one is empty.
+template <typename StateAt>
+std::vector<std::string> SerializeAll(int64_t count, const StateAt& state_at) {
   // Compared by bytes: whatever SelectionLayerState gains later, "empty" stays "equal to a
   // default-constructed state".
   const std::string empty = SerializeLayerState(SelectionLayerState());
-  std::vector<std::string> states;
-  states.reserve(static_cast<size_t>(num_layers));
+  std::vector<std::string> out;
+  out.reserve(static_cast<size_t>(count));
   bool any = false;
-  for (int64_t l = 0; l < num_layers; ++l) {
-    states.push_back(SerializeLayerState(attention.layer_state(l)));
-    any = any || states.back() != empty;
+  for (int64_t l = 0; l < count; ++l) {
+    out.push_back(SerializeLayerState(state_at(l)));
+    any = any || out.back() != empty;
   }
-  if (!any) states.clear();
-  return states;
+  if (!any) out.clear();
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> SerializeSelectionStates(absl::Span<const SelectionLayerState> states) {
+  return SerializeAll(static_cast<int64_t>(states.size()),
+                      [&](int64_t l) -> const SelectionLayerState& { return states[l]; });
+}
+
+std::vector<std::string> CollectSelectionStates(const SelectionAttention& attention,
+                                                int64_t num_layers) {
+  return SerializeAll(num_layers, [&](int64_t l) -> const SelectionLayerState& {
+    return attention.layer_state(l);
+  });
 }
 
 absl::StatusOr<std::vector<SelectionLayerState>> DecodeSelectionStates(

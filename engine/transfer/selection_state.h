@@ -26,6 +26,9 @@ namespace tokenselect::engine {
 // stateless policies add nothing to the stream. num_layers must be the attention's.
 std::vector<std::string> CollectSelectionStates(const SelectionAttention& attention,
                                                 int64_t num_layers);
+// The same for states held elsewhere (the GPU provider's, downloaded): SerializeLayerState of
+// each, or an empty list when every one is empty (or there are none).
+std::vector<std::string> SerializeSelectionStates(absl::Span<const SelectionLayerState> states);
 
 // Decodes the final record's states for a request of `prompt_tokens` tokens on a model of
 // `num_layers` layers. The list must be empty or hold exactly num_layers entries, each a valid

@@ -1,5 +1,5 @@
-// The GPU backend end to end against the CPU backend: chunked prefill (dense and TokenSelect)
-// and free-running greedy generation through Generator, on the generated presets with
+// The GPU backend end to end against the CPU backend: chunked prefill (dense, TokenSelect and
+// InfLLM) and free-running greedy generation through Generator, on the generated presets with
 // transformers' own init (weights N(0, 0.02), DummyInit::kHuggingFace). The CPU oracle runs
 // with ModelOptions::emulate_bf16 (bf16 exactly where the GPU stores bf16, fp32 elsewhere), so
 // what remains is summation order, the GPU attention kernels' bf16 probabilities and fast
@@ -14,8 +14,9 @@
 // regression floors under those measurements, not the 95% target, which these random models miss,
 // and that every continuation parts at a near-tie of the CPU's own logits (its pick at most 0.02
 // above the GPU's pick there for dense and streaming, 0.1 where a vote picks the attended set).
-// TokenSelect runs only on the presets whose head_dim the GPU scoring kernels take (64/128); the
-// others must refuse it with Unimplemented.
+// TokenSelect, Quest and InfLLM run only on the presets whose head_dim the GPU scoring kernels
+// take (64/128); the others must refuse them with Unimplemented. InfLLM's per-layer state
+// (received attention) is carried to a second runner as a decode worker receives it.
 //
 // TrainedCheckpointGreedyMatchesTheCpu runs the same comparison on a model with margins between
 // its top candidates (tests/data/golden_trained: trained on a synthetic language whose next token
@@ -33,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "engine/generation/backend.h"
 #include "engine/generation/cuda_backend.h"
 #include "engine/generation/demo_checkpoint.h"
@@ -43,6 +45,7 @@
 #include "engine/model/model.h"
 #include "engine/model/model_presets.h"
 #include "engine/selection/cuda_selection.h"
+#include "engine/selection/layer_state.h"
 #include "engine/selection/selection_attention.h"
 #include "engine/transfer/kv_format.h"
 #include "engine/transfer/kv_receiver.h"
@@ -90,6 +93,20 @@ class CudaGenerationTest : public ::testing::TestWithParam<std::string> {
     pool_ = std::move(*pool);
   }
 
+  // A second GPU model with the same weights (a decode worker's), to carry K/V into; null (and a
+  // failure recorded) when it cannot be made.
+  std::unique_ptr<CudaModel> SecondModel() const {
+    CudaModelOptions options;
+    options.max_tokens = 2048;
+    options.max_chunk = 64;
+    auto weights = gpu_test::QuietWeights(config_);
+    EXPECT_TRUE(weights.ok());
+    if (!weights.ok()) return nullptr;
+    auto other = CudaModel::Create(config_, *weights, options);
+    EXPECT_TRUE(other.ok()) << other.status();
+    return other.ok() ? std::move(*other) : nullptr;
+  }
+
   ModelConfig config_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<CudaModel> gpu_;
@@ -102,9 +119,10 @@ class CudaGenerationTest : public ::testing::TestWithParam<std::string> {
 bool GpuScores(const ModelConfig& c) { return c.head_dim == 64 || c.head_dim == 128; }
 
 TEST_P(CudaGenerationTest, ChunkedPrefillLogitsMatchTheCpu) {
-  for (SelectionPolicyKind policy : {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect}) {
+  for (SelectionPolicyKind policy : {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect,
+                                     SelectionPolicyKind::kInfLlm}) {
     const SelectionOptions sel = SmallBudget(policy);
-    if (policy == SelectionPolicyKind::kTokenSelect && !GpuScores(config_)) {
+    if (policy != SelectionPolicyKind::kDense && !GpuScores(config_)) {
       auto refused = CudaSelectionAttention::Create(sel, config_, 1024, 64);
       EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
       continue;
@@ -147,7 +165,7 @@ TEST_P(CudaGenerationTest, ChunkedPrefillLogitsMatchTheCpu) {
 // The policies the greedy comparisons run, each with the small budget.
 constexpr SelectionPolicyKind kGreedyPolicies[] = {
     SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect, SelectionPolicyKind::kQuest,
-    SelectionPolicyKind::kStreaming};
+    SelectionPolicyKind::kStreaming, SelectionPolicyKind::kInfLlm};
 
 // 32 greedy tokens past any EOS with `policy`'s small budget.
 GenerationOptions GreedyOptions(SelectionPolicyKind policy) {
@@ -272,6 +290,25 @@ TEST_P(CudaGenerationTest, BackendErrors) {
   EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
+// The host transport's path between two runners: the first `tokens` K/V of `src` in blocks
+// through KvStore::Encode -> KvReceiver -> KvStore::Write into `dst`, then the final record with
+// src's selection states, restored into dst as a decode worker does.
+absl::Status CarryPrompt(const CudaBackend& prefill, SequenceRunner* src, SequenceRunner* dst,
+                         int64_t tokens) {
+  KvReceiver receiver("r", "v", dst->kv(), tokens);
+  int64_t sequence = 0;
+  for (const KvBlockRange& range : PlanKvBlocks(prefill.kv_layout(), 0, tokens, 40000)) {
+    ASSIGN_OR_RETURN(KvBlock block, src->kv()->Encode(range, sequence++, /*checksum=*/true));
+    RETURN_IF_ERROR(receiver.Accept("r", "v", block));
+  }
+  KvFinal final;
+  final.first_token_id = 1;
+  final.num_chunks = sequence;
+  final.selection_states = src->CollectSelectionStates();
+  RETURN_IF_ERROR(receiver.Finish("r", "v", final));
+  return dst->RestoreSelectionStates(receiver.TakeSelectionStates());
+}
+
 // The worker path on one GPU: a prompt prefilled by one runner, its K/V carried through the host
 // wire format (KvStore::Encode -> KvReceiver -> KvStore::Write, as the host transport does) into
 // a second runner of another backend, which then decodes. Its logits must equal those of the
@@ -279,15 +316,10 @@ TEST_P(CudaGenerationTest, BackendErrors) {
 // summation order at another batch size), and DecodeBatch over several runners must give each
 // row the logits of its runner alone.
 TEST_P(CudaGenerationTest, KvCarriedThroughTheHostDecodesLikeTheOriginal) {
-  CudaModelOptions options;
-  options.max_tokens = 2048;
-  options.max_chunk = 64;
-  auto weights = gpu_test::QuietWeights(config_);
-  ASSERT_TRUE(weights.ok());
-  auto other = CudaModel::Create(config_, *weights, options);
-  ASSERT_TRUE(other.ok()) << other.status();
+  std::unique_ptr<CudaModel> other = SecondModel();
+  ASSERT_NE(other, nullptr);
   CudaBackend prefill(gpu_.get());
-  CudaBackend decode(other->get());
+  CudaBackend decode(other.get());
   const SelectionOptions dense = [] {
     SelectionOptions s;
     s.policy = SelectionPolicyKind::kDense;
@@ -308,18 +340,8 @@ TEST_P(CudaGenerationTest, KvCarriedThroughTheHostDecodesLikeTheOriginal) {
   ASSERT_TRUE(dst.ok()) << dst.status();
   ASSERT_TRUE((*dst)->kv()->device_slots().has_value());
   EXPECT_EQ((*dst)->kv()->layout().dtype, KvDType::kBF16);
-  KvReceiver receiver("r", "v", (*dst)->kv(), static_cast<int64_t>(prompt.size()));
-  int64_t sequence = 0;
-  for (const KvBlockRange& range : PlanKvBlocks(prefill.kv_layout(), 0,
-                                                static_cast<int64_t>(prompt.size()), 40000)) {
-    auto block = (*src)->kv()->Encode(range, sequence++, /*checksum=*/true);
-    ASSERT_TRUE(block.ok()) << block.status();
-    ASSERT_TRUE(receiver.Accept("r", "v", *block).ok());
-  }
-  KvFinal final;
-  final.first_token_id = 1;
-  final.num_chunks = sequence;
-  ASSERT_TRUE(receiver.Finish("r", "v", final).ok());
+  ASSERT_TRUE(
+      CarryPrompt(prefill, src->get(), dst->get(), static_cast<int64_t>(prompt.size())).ok());
   EXPECT_EQ((*dst)->length(), static_cast<int64_t>(prompt.size()));
 
   // A third runner with another prompt rides in the batch.
@@ -354,6 +376,62 @@ TEST_P(CudaGenerationTest, KvCarriedThroughTheHostDecodesLikeTheOriginal) {
   side->reset();
   EXPECT_EQ(decode.kv_capacity().free_pages, decode.kv_capacity().total_pages);
   EXPECT_LT(before.free_pages, before.total_pages);
+}
+
+// InfLLM's state (every layer's received attention) travels with the K/V: a decode runner that
+// restores it holds the same state and decodes like the runner that did the prefill; the state
+// equals the CPU backend's within the two models' rounding.
+TEST_P(CudaGenerationTest, InfLlmStateCarriedThroughTheHostDecodesLikeTheOriginal) {
+  if (!GpuScores(config_)) GTEST_SKIP() << "infllm on the GPU needs head_dim 64 or 128";
+  std::unique_ptr<CudaModel> other = SecondModel();
+  ASSERT_NE(other, nullptr);
+  CudaBackend prefill(gpu_.get());
+  CudaBackend decode(other.get());
+  CpuBackend cpu(cpu_.get(), pool_.get());
+  const SelectionOptions sel = SmallBudget(SelectionPolicyKind::kInfLlm);
+  const std::vector<int32_t> prompt = Prompt(300, 11, config_.vocab_size);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  auto src = prefill.Start(400, sel);
+  auto on_cpu = cpu.Start(400, sel);
+  ASSERT_TRUE(src.ok() && on_cpu.ok());
+  for (int64_t b = 0; b < n; b += sel.chunk_size) {
+    const auto chunk = absl::MakeConstSpan(prompt).subspan(b, std::min(sel.chunk_size, n - b));
+    ASSERT_TRUE((*src)->Forward(chunk, nullptr).ok());
+    ASSERT_TRUE((*on_cpu)->Forward(chunk, nullptr).ok());
+  }
+  const std::vector<std::string> states = (*src)->CollectSelectionStates();
+  ASSERT_EQ(states.size(), static_cast<size_t>(config_.num_layers));
+  // Against the CPU backend's received attention.
+  const std::vector<std::string> cpu_states = (*on_cpu)->CollectSelectionStates();
+  ASSERT_EQ(cpu_states.size(), states.size());
+  double worst = 0;
+  for (size_t l = 0; l < states.size(); ++l) {
+    auto got = DeserializeLayerState(states[l]);
+    auto want = DeserializeLayerState(cpu_states[l]);
+    ASSERT_TRUE(got.ok() && want.ok());
+    ASSERT_EQ(got->received.size(), static_cast<size_t>(n));
+    ASSERT_EQ(want->received.size(), static_cast<size_t>(n));
+    worst = std::max(worst, gpu_test::RelativeL2(got->received.data(), want->received.data(), n));
+  }
+  std::printf("%s infllm: received attention after prefill, rel L2 vs CPU worst layer %.3g\n",
+              GetParam().c_str(), worst);
+  EXPECT_LE(worst, 2e-2);
+
+  auto dst = decode.Start(400, sel);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  ASSERT_TRUE(CarryPrompt(prefill, src->get(), dst->get(), n).ok());
+  EXPECT_EQ((*dst)->CollectSelectionStates(), states);
+  int32_t token = 7;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<float> want, got;
+    ASSERT_TRUE((*src)->Forward(absl::MakeConstSpan(&token, 1), &want).ok());
+    ASSERT_TRUE((*dst)->Forward(absl::MakeConstSpan(&token, 1), &got).ok());
+    EXPECT_LE(gpu_test::RelativeL2(got.data(), want.data(), static_cast<int64_t>(want.size())),
+              2e-3)
+        << step;
+    token = static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin());
+  }
+  EXPECT_EQ((*dst)->CollectSelectionStates(), (*src)->CollectSelectionStates());
 }
 
 // Free-running greedy generation on the trained checkpoint, GPU against the bf16-emulating CPU,

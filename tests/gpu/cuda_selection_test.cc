@@ -4,6 +4,8 @@
 // and queries. The lists must be equal entry for entry (slots, compact positions, query
 // positions, visibility); random fp32 data has no exact vote ties, and a near-tie that the two
 // selection queries' last-bit differences could flip is reported and tolerated once per case.
+#include "engine/selection/cuda_selection.h"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -19,7 +21,8 @@
 
 #include "engine/model/cuda_attention.h"
 #include "engine/selection/attention_list.h"
-#include "engine/selection/cuda_selection.h"
+#include "engine/selection/chunk_attention.h"
+#include "engine/selection/layer_state.h"
 #include "engine/selection/selection_cache.h"
 #include "engine/selection/selection_policy.h"
 #include "engine/selection/selection_query.h"
@@ -300,6 +303,135 @@ TEST_P(CudaSelectionTest, DecodeStepsThroughTheCacheMatchTheCpu) {
       EXPECT_GT(cpu.misses, config_.num_layers);
     }
   }
+}
+
+// InfLLM over a prompt in chunks and then decode steps: every step's received attention goes into
+// the layer state on both sides (the GPU's ChunkReceivedAttention, the CPU policy's
+// ObserveChunk), and each step's list must equal the CPU policy's, up to one block flipped by a
+// near-tie once per case. The GPU's exported state then equals the CPU's within rounding, and a
+// second provider that imports it selects as the first.
+TEST_P(CudaSelectionTest, InfLlmStepsMatchTheCpuAndItsStateCarriesOver) {
+  std::mt19937 rng(29);
+  const int64_t chunk = 37, prompt = 30 * chunk, steps = 12;
+  const int64_t total = prompt + steps + 1;
+  SetUpCache(total, &rng);
+  SelectionOptions opt;
+  opt.policy = SelectionPolicyKind::kInfLlm;
+  opt.n_init = 8;
+  opt.k = 96;
+  opt.n_local = 32;
+  opt.chunk_size = chunk;
+  opt.baselines.infllm_block_size = 16;
+  opt.baselines.infllm_representatives = 3;
+  auto provider = CudaSelectionAttention::Create(opt, config_, total, chunk);
+  ASSERT_TRUE(provider.ok()) << provider.status();
+  auto policy = CreateSelectionPolicy(opt);
+  ASSERT_TRUE(policy.ok());
+  std::vector<SelectionLayerState> cpu_state(static_cast<size_t>(config_.num_layers));
+  // The model's attention scale (what SelectionAttention gives ObserveChunk).
+  const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  // The CPU side of one step: the selection, then the observation of the new tokens.
+  auto cpu_step = [&](int64_t layer, int64_t cached, const std::vector<float>& q, int64_t m) {
+    std::vector<float> sel(static_cast<size_t>(config_.num_heads * config_.head_dim));
+    EXPECT_TRUE(BuildSelectionQuery(q.data(), m, config_.num_heads, config_.head_dim, opt.n_local,
+                                    inv_freq_.data(), sel.data())
+                    .ok());
+    SelectionInput in = CpuInput(sel, cached);
+    in.state = &cpu_state[static_cast<size_t>(layer)];
+    SelectionResult result;
+    SelectionScratch scratch;
+    EXPECT_TRUE((*policy)->Select(in, &result, &scratch).ok());
+    std::vector<int32_t> positions(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) positions[i] = static_cast<int32_t>(cached + i);
+    ChunkObservation obs;
+    obs.layer = layer;
+    obs.first_token = cached;
+    obs.num_new = m;
+    obs.q = q.data();
+    obs.num_heads = config_.num_heads;
+    obs.num_kv_heads = config_.num_kv_heads;
+    obs.head_dim = config_.head_dim;
+    obs.k_cache = k_.data();
+    obs.slots = slots_.data() + cached;
+    obs.num_slots = num_slots_;
+    obs.positions = positions.data();
+    obs.inv_freq = inv_freq_.data();
+    obs.scale = scale;
+    EXPECT_TRUE((*policy)->ObserveChunk(obs, in.state).ok());
+    AttentionList cpu;
+    EXPECT_TRUE(BuildAttentionList(result.tokens, slots_, cached, m, &cpu).ok());
+    return cpu;
+  };
+  int64_t flips = 0, selecting = 0;
+  std::vector<std::vector<float>> decode_q;
+  for (int64_t cached = 0; cached < prompt + steps;) {
+    const int64_t m = cached < prompt ? std::min(chunk, prompt - cached) : 1;
+    for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+      const std::vector<float> q = RandomQ(m, &rng);
+      const AttentionList gpu = RunGpu(provider->get(), layer, cached, q, m);
+      const AttentionList cpu = cpu_step(layer, cached, q, m);
+      const int64_t mismatches = Mismatches(gpu, cpu);
+      EXPECT_LE(mismatches, 2 * opt.baselines.infllm_block_size)
+          << "cached " << cached << " layer " << layer;
+      flips += mismatches > 0;
+      selecting += cached > opt.n_init + opt.k + opt.n_local;
+    }
+    cached += m;
+  }
+  EXPECT_LE(flips, 1);
+  EXPECT_GT(selecting, 20);
+  auto exported = (*provider)->ExportLayerStates(nullptr);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  ASSERT_EQ(exported->size(), static_cast<size_t>(config_.num_layers));
+  double worst = 0.0;
+  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+    const std::vector<float>& got = (*exported)[static_cast<size_t>(layer)].received;
+    const std::vector<float>& want = cpu_state[static_cast<size_t>(layer)].received;
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(static_cast<int64_t>(got.size()), prompt + steps);
+    for (size_t j = 0; j < got.size(); ++j) {
+      worst = std::max(worst, std::fabs(got[j] - want[j]) / (1.0 + std::fabs(want[j])));
+    }
+  }
+  std::printf(
+      "infllm: %lld of %lld selecting layer steps differ from the CPU; received "
+      "attention worst |gpu - cpu| / (1 + cpu) %.3g\n",
+      static_cast<long long>(flips), static_cast<long long>(selecting), worst);
+  EXPECT_LT(worst, 1e-4);
+  // A second provider from the exported state (a decode worker's) selects as the first.
+  auto second = CudaSelectionAttention::Create(opt, config_, total, chunk);
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE((*second)->ImportLayerStates(*exported, nullptr).ok());
+  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+    const std::vector<float> q = RandomQ(1, &rng);
+    const AttentionList a = RunGpu(provider->get(), layer, prompt + steps, q, 1);
+    const AttentionList b = RunGpu(second->get(), layer, prompt + steps, q, 1);
+    EXPECT_EQ(a.kv_slots, b.kv_slots) << "layer " << layer;
+    EXPECT_EQ(a.kv_positions, b.kv_positions);
+  }
+  auto again = (*second)->ExportLayerStates(nullptr);
+  ASSERT_TRUE(again.ok());
+  auto first_again = (*provider)->ExportLayerStates(nullptr);
+  ASSERT_TRUE(first_again.ok());
+  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+    EXPECT_EQ((*again)[layer].received, (*first_again)[layer].received) << "layer " << layer;
+  }
+  // Bad states: a wrong layer count, more tokens than the provider holds; and a state given to
+  // a policy that keeps none.
+  std::vector<SelectionLayerState> one(1);
+  EXPECT_EQ((*second)->ImportLayerStates(one, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<SelectionLayerState> big(static_cast<size_t>(config_.num_layers));
+  big[1].received.assign(static_cast<size_t>(total + 1), 1.0f);
+  EXPECT_EQ((*second)->ImportLayerStates(big, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  SelectionOptions ts = opt;
+  ts.policy = SelectionPolicyKind::kTokenSelect;
+  auto stateless = CudaSelectionAttention::Create(ts, config_, total, chunk);
+  ASSERT_TRUE(stateless.ok());
+  auto none = (*stateless)->ExportLayerStates(nullptr);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  EXPECT_EQ((*stateless)->ImportLayerStates(*exported, nullptr).code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 TEST_P(CudaSelectionTest, RefusesPoliciesWithoutGpuKernelsAndBadSteps) {

@@ -19,11 +19,13 @@ sliced per rank on both sides). --tp_invariant S gives the all-in-one server and
 TP-invariant numerics (docs/parallel.md): then every continuation must match all-in-one.
 --kv_dtype fp8 gives the all-in-one server and both workers an FP8 (e4m3) KV cache: the K/V
 then moves between the workers as raw e4m3 bytes, and every continuation must still match
-all-in-one's (the same kernels on the same K/V bytes).
+all-in-one's (the same kernels on the same K/V bytes). --policy P makes P the default selection
+policy of the all-in-one server and both workers (--selection_policy): infllm checks that its
+per-layer state (the received attention) travels with the K/V to the decode worker.
 
 usage: disaggregated_test.py --bin DIR --work DIR [--long N] [--bench] [--bench_tokens N]
                              [--prefill_tp P] [--decode_tp D] [--transport host|nccl]
-                             [--tp_invariant S] [--kv_dtype bf16|fp8]
+                             [--tp_invariant S] [--kv_dtype bf16|fp8] [--policy P]
 Exit status 0 when every check holds; the log lines say what was measured.
 """
 import argparse
@@ -198,6 +200,8 @@ def correctness(a, cli, client):
         kv += ["--tp_invariant", str(a.tp_invariant)]
     if a.kv_dtype != "bf16":
         kv += ["--kv_dtype", a.kv_dtype]
+    if a.policy:
+        kv += ["--selection_policy", a.policy]
     aio = Proc("all_in_one", [cli, "serve", "--all-in-one", "--model", model, "--device", a.device,
                               "--gpu", "0", "--port", "56001"] + kv, a.work)
     check(wait_serving(cli, 56001), "all-in-one server up")
@@ -317,6 +321,9 @@ def main():
     ap.add_argument("--kv_dtype", default="bf16",
                     help="--kv_dtype of the all-in-one server and both workers (bf16 or fp8: "
                          "e4m3 K/V, moved between the workers as raw bytes)")
+    ap.add_argument("--policy", default="",
+                    help="--selection_policy of the all-in-one server and both workers (default: "
+                         "theirs, tokenselect)")
     ap.add_argument("--decode_gpu", type=int, default=-1,
                     help="decode worker's first GPU (default: right after the prefill worker's)")
     ap.add_argument("--transport", default="",

@@ -58,7 +58,7 @@ inline size_t FirstDifference(const std::vector<int32_t>& a, const std::vector<i
 }
 
 // A budget small enough that prompts of a few hundred tokens already select (8 sinks, 64 picks,
-// 32 local tokens, chunks of 64).
+// 32 local tokens, chunks of 64; InfLLM: 4 blocks of 16 tokens with 4 representatives each).
 inline engine::SelectionOptions SmallBudget(engine::SelectionPolicyKind policy) {
   engine::SelectionOptions s;
   s.policy = policy;
@@ -67,15 +67,17 @@ inline engine::SelectionOptions SmallBudget(engine::SelectionPolicyKind policy) 
   s.n_local = 32;
   s.chunk_size = 64;
   s.theta = 0.9;
+  s.baselines.infllm_block_size = 16;
   return s;
 }
 
-// Whether `policy` picks the attended tokens by scoring keys (TokenSelect, Quest): there a
+// Whether `policy` picks the attended tokens by scoring keys (TokenSelect, Quest, InfLLM): there a
 // near-tie in a vote can change the attended set, which moves two runs' logits further apart
 // than rounding alone does.
 inline bool ScoresKeys(engine::SelectionPolicyKind policy) {
   return policy == engine::SelectionPolicyKind::kTokenSelect ||
-         policy == engine::SelectionPolicyKind::kQuest;
+         policy == engine::SelectionPolicyKind::kQuest ||
+         policy == engine::SelectionPolicyKind::kInfLlm;
 }
 
 // Where two greedy continuations of the N(0, 0.02) test models (QuietWeights) part, the largest
