@@ -10,12 +10,17 @@
 //   tokenselect-hit  theta = -1: every lookup after a layer's first hits the selection cache,
 //                    the decode speed of a model whose queries stay similar (floor: weights plus
 //                    the selected keys and values only)
+//   quest, infllm    the baselines at the same budget (optional): Quest reads its page bounds
+//                    (2 bf16 rows per page of 16), InfLLM its representatives' keys (4 per block
+//                    of 128), then the selected keys and values; InfLLM's prefill also computes
+//                    each chunk's received attention
 // The copy bandwidth is a device-to-device cudaMemcpy of 2 GiB measured in the same run, counted
 // as bytes read + written per second (a read-only stream runs at about this rate).
 // Then batched decode (CudaModel::DecodeBatch: one GEMM pass for B requests): B sequences of
 // --batch_context tokens each, dense, decode tokens/s for B = 1, 8, 32.
 //   bench_generate_cuda [--tokens 131072] [--decode 64]
 //                       [--policies dense,tokenselect,tokenselect-hit] [--batch_context 2048]
+//   (--policies may also name quest and infllm)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -93,7 +98,8 @@ int Main(int argc, char** argv) {
   const double weight_bytes = static_cast<double>((*model)->weight_bytes());
   const double kv_row = 2.0 * config.kv_dim();  // bytes of one token's keys (or values), a layer
   for (const std::string& policy_name :
-       {std::string("dense"), std::string("tokenselect"), std::string("tokenselect-hit")}) {
+       {std::string("dense"), std::string("tokenselect"), std::string("tokenselect-hit"),
+        std::string("quest"), std::string("infllm")}) {
     if (("," + policies + ",").find("," + policy_name + ",") == std::string::npos) continue;
     const bool always_hit = policy_name == "tokenselect-hit";
     SelectionOptions sel;
@@ -157,7 +163,13 @@ int Main(int argc, char** argv) {
       kv_bytes = 2 * n * kv_row * config.num_layers;
     } else {
       const double selected = double(sel.n_init + sel.k + sel.n_local);
-      kv_bytes = ((always_hit ? 0.0 : n * kv_row) + 2 * selected * kv_row) * config.num_layers;
+      double scan = always_hit ? 0.0 : n * kv_row;  // the keys the selection reads
+      if (sel.policy == SelectionPolicyKind::kQuest) {
+        scan = 2.0 * n / sel.baselines.quest_page_size * kv_row;
+      } else if (sel.policy == SelectionPolicyKind::kInfLlm) {
+        scan = n / sel.baselines.infllm_block_size * sel.baselines.infllm_representatives * kv_row;
+      }
+      kv_bytes = (scan + 2 * selected * kv_row) * config.num_layers;
     }
     const double floor_ms = (weight_bytes + kv_bytes) / (copy_gbs * 1e9) * 1e3;
     rows.push_back({policy_name, ttft, 1e3 * decode_s / std::max<int64_t>(1, timed), floor_ms,
