@@ -8,10 +8,11 @@
 //                    from the rows at or below it, summed over those rows
 //   HeadSumKernel    received[j] = the per-head column sums added in head order
 // Tiles of kTile rows (or columns) x kTile keys; the tile's queries and keys are rotated (RoPE at
-// their true positions) as they are loaded into shared memory as fp32. A thread owns one row (or
-// column) of a tile and kTile / 8 of its partners; the 8 threads of a row combine by xor
-// shuffles in a fixed order. The two passes compute each logit by the same code, so the
-// probabilities of pass 2 are those whose sums pass 1 took.
+// their true positions) as they are loaded into shared memory as fp32. A thread computes a 4 x 4
+// block of a tile's logits (8 shared-memory loads per 16 multiply-adds); the 8 threads that share
+// rows (pass 1) or columns (pass 2) combine by xor shuffles in a fixed order. The two passes
+// compute each logit by the same code (QuadLogits: the same products summed in the same order),
+// so the probabilities of pass 2 are those whose sums pass 1 took.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -26,9 +27,9 @@ namespace tokenselect::kernels::cuda {
 namespace {
 
 constexpr int kTile = 32;
-constexpr int kThreads = 256;
-constexpr int kParts = kThreads / kTile;    // threads per row (8)
-constexpr int kPerThread = kTile / kParts;  // partners per thread (4)
+constexpr int kQuad = 4;                    // a thread's rows (and columns) per tile
+constexpr int kParts = 8;                   // threads sharing a row (or column) group
+constexpr int kThreads = kTile / kQuad * kParts;  // 64
 
 struct Views {
   const __nv_bfloat16* q;
@@ -76,58 +77,98 @@ __device__ void LoadRotated(const Views& v, int t0, int h, float (*tile)[D + 1])
   }
 }
 
+// A thread's kQuad x kQuad logits: rows a[i] . columns b[j] over D, scaled. Both operands are
+// tiles in shared memory (padded rows: the 8 column groups' rows fall in different banks).
 template <int D>
-__device__ __forceinline__ float Logit(const float* q, const float* k, float scale) {
-  float dot = 0.0f;
-#pragma unroll 16
-  for (int e = 0; e < D; ++e) dot = fmaf(q[e], k[e], dot);
-  return dot * scale;
+__device__ __forceinline__ void QuadLogits(const float (*rows)[D + 1], const float (*cols)[D + 1],
+                                           int r0, int rstep, int c0, int cstep, float scale,
+                                           float (&s)[kQuad][kQuad]) {
+#pragma unroll
+  for (int i = 0; i < kQuad; ++i) {
+#pragma unroll
+    for (int j = 0; j < kQuad; ++j) s[i][j] = 0.0f;
+  }
+#pragma unroll 8
+  for (int e = 0; e < D; ++e) {
+    float x[kQuad], y[kQuad];
+#pragma unroll
+    for (int i = 0; i < kQuad; ++i) x[i] = rows[r0 + i * rstep][e];
+#pragma unroll
+    for (int j = 0; j < kQuad; ++j) y[j] = cols[c0 + j * cstep][e];
+#pragma unroll
+    for (int i = 0; i < kQuad; ++i) {
+#pragma unroll
+      for (int j = 0; j < kQuad; ++j) s[i][j] = fmaf(x[i], y[j], s[i][j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kQuad; ++i) {
+#pragma unroll
+    for (int j = 0; j < kQuad; ++j) s[i][j] *= scale;
+  }
 }
 
+// Pass 1. Thread t owns rows 4 * (t / 8) + i of the tile and, in each key tile, columns
+// (t % 8) + 8 * j (i, j < 4); the 8 threads of a row group combine by xor shuffles.
 template <int D, bool kFp8>
 __global__ void __launch_bounds__(kThreads) RowStatsKernel(Views v) {
   __shared__ float sq[kTile][D + 1];
   __shared__ float sk[kTile][D + 1];
   const int h = blockIdx.y, kv = h / (v.num_heads / v.num_kv_heads);
   const int r0 = blockIdx.x * kTile;
-  const int r = threadIdx.x / kParts, part = threadIdx.x % kParts;
-  const int row = r0 + r;
+  const int rg = threadIdx.x / kParts, part = threadIdx.x % kParts;
   LoadRotated<D, false, kFp8>(v, r0, h, sq);
-  float m = -INFINITY, z = 0.0f;
+  float m[kQuad], z[kQuad];
+#pragma unroll
+  for (int i = 0; i < kQuad; ++i) {
+    m[i] = -INFINITY;
+    z[i] = 0.0f;
+  }
   for (int c0 = 0; c0 <= r0; c0 += kTile) {
     __syncthreads();  // the previous key tile is consumed (and the query tile loaded)
     LoadRotated<D, true, kFp8>(v, c0, kv, sk);
     __syncthreads();
+    float s[kQuad][kQuad];
+    QuadLogits<D>(sq, sk, kQuad * rg, 1, part, kParts, v.scale, s);
 #pragma unroll
-    for (int u = 0; u < kPerThread; ++u) {
-      const int j = part + kParts * u, col = c0 + j;
-      if (row >= v.num_new || col > row) continue;
-      const float s = Logit<D>(sq[r], sk[j], v.scale);
-      if (s > m) {
-        z = z * expf(m - s) + 1.0f;  // m = -inf: z is 0 and expf(-inf) 0
-        m = s;
-      } else {
-        z += expf(s - m);
+    for (int i = 0; i < kQuad; ++i) {
+      const int row = r0 + kQuad * rg + i;
+#pragma unroll
+      for (int j = 0; j < kQuad; ++j) {
+        const int col = c0 + part + kParts * j;
+        if (row >= v.num_new || col > row) continue;
+        if (s[i][j] > m[i]) {
+          z[i] = z[i] * expf(m[i] - s[i][j]) + 1.0f;  // m = -inf: z is 0 and expf(-inf) 0
+          m[i] = s[i][j];
+        } else {
+          z[i] += expf(s[i][j] - m[i]);
+        }
       }
     }
   }
 #pragma unroll
-  for (int off = 1; off < kParts; off <<= 1) {
-    const float om = __shfl_xor_sync(0xffffffffu, m, off);
-    const float oz = __shfl_xor_sync(0xffffffffu, z, off);
-    const float nm = fmaxf(m, om);
-    if (nm != -INFINITY) {
-      z = (m == -INFINITY ? 0.0f : z * expf(m - nm)) +
-          (om == -INFINITY ? 0.0f : oz * expf(om - nm));
+  for (int i = 0; i < kQuad; ++i) {
+#pragma unroll
+    for (int off = 1; off < kParts; off <<= 1) {
+      const float om = __shfl_xor_sync(0xffffffffu, m[i], off);
+      const float oz = __shfl_xor_sync(0xffffffffu, z[i], off);
+      const float nm = fmaxf(m[i], om);
+      if (nm != -INFINITY) {
+        z[i] = (m[i] == -INFINITY ? 0.0f : z[i] * expf(m[i] - nm)) +
+               (om == -INFINITY ? 0.0f : oz * expf(om - nm));
+      }
+      m[i] = nm;
     }
-    m = nm;
-  }
-  if (part == 0 && row < v.num_new) {
-    v.row_max[static_cast<int64_t>(h) * v.num_new + row] = m;
-    v.row_inv_sum[static_cast<int64_t>(h) * v.num_new + row] = 1.0f / z;
+    const int row = r0 + kQuad * rg + i;
+    if (part == 0 && row < v.num_new) {
+      v.row_max[static_cast<int64_t>(h) * v.num_new + row] = m[i];
+      v.row_inv_sum[static_cast<int64_t>(h) * v.num_new + row] = 1.0f / z[i];
+    }
   }
 }
 
+// Pass 2. Thread t owns columns 4 * (t / 8) + j of the tile and, in each query tile, rows
+// (t % 8) + 8 * i; the 8 threads of a column group add up by xor shuffles.
 template <int D, bool kFp8>
 __global__ void __launch_bounds__(kThreads) ColumnsKernel(Views v) {
   __shared__ float sq[kTile][D + 1];
@@ -135,10 +176,9 @@ __global__ void __launch_bounds__(kThreads) ColumnsKernel(Views v) {
   __shared__ float sm[kTile], sz[kTile];
   const int h = blockIdx.y, kv = h / (v.num_heads / v.num_kv_heads);
   const int c0 = blockIdx.x * kTile;
-  const int j = threadIdx.x / kParts, part = threadIdx.x % kParts;
-  const int col = c0 + j;
+  const int cg = threadIdx.x / kParts, part = threadIdx.x % kParts;
   LoadRotated<D, true, kFp8>(v, c0, kv, sk);
-  float acc = 0.0f;
+  float acc[kQuad] = {};
   for (int r0 = c0; r0 < v.num_new; r0 += kTile) {
     __syncthreads();
     LoadRotated<D, false, kFp8>(v, r0, h, sq);
@@ -149,17 +189,28 @@ __global__ void __launch_bounds__(kThreads) ColumnsKernel(Views v) {
       sz[i] = in ? v.row_inv_sum[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
     }
     __syncthreads();
+    // s[i][j]: row part + 8 i, column 4 cg + j - the same products in the same order as pass 1.
+    float s[kQuad][kQuad];
+    QuadLogits<D>(sq, sk, part, kParts, kQuad * cg, 1, v.scale, s);
 #pragma unroll
-    for (int u = 0; u < kPerThread; ++u) {
-      const int i = part + kParts * u, row = r0 + i;
-      if (row >= v.num_new || col > row) continue;
-      acc += expf(Logit<D>(sq[i], sk[j], v.scale) - sm[i]) * sz[i];
+    for (int i = 0; i < kQuad; ++i) {
+      const int ri = part + kParts * i, row = r0 + ri;
+#pragma unroll
+      for (int j = 0; j < kQuad; ++j) {
+        const int col = c0 + kQuad * cg + j;
+        if (row >= v.num_new || col > row) continue;
+        acc[j] += expf(s[i][j] - sm[ri]) * sz[ri];
+      }
     }
   }
 #pragma unroll
-  for (int off = 1; off < kParts; off <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (part == 0 && col < v.num_new) {
-    v.column_sums[static_cast<int64_t>(h) * v.num_new + col] = acc;
+  for (int j = 0; j < kQuad; ++j) {
+#pragma unroll
+    for (int off = 1; off < kParts; off <<= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], off);
+    const int col = c0 + kQuad * cg + j;
+    if (part == 0 && col < v.num_new) {
+      v.column_sums[static_cast<int64_t>(h) * v.num_new + col] = acc[j];
+    }
   }
 }
 
