@@ -27,8 +27,8 @@ namespace tokenselect::kernels::cuda {
 namespace {
 
 constexpr int kTile = 32;
-constexpr int kQuad = 4;                    // a thread's rows (and columns) per tile
-constexpr int kParts = 8;                   // threads sharing a row (or column) group
+constexpr int kQuad = 4;                          // a thread's rows (and columns) per tile
+constexpr int kParts = 8;                         // threads sharing a row (or column) group
 constexpr int kThreads = kTile / kQuad * kParts;  // 64
 
 struct Views {
