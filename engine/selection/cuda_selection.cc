@@ -61,6 +61,37 @@ int64_t ListBound(const SelectionOptions& o, int64_t n, int64_t m) {
   return o.n_init + std::min(o.k, n - o.n_init - o.n_local) + o.n_local + m;
 }
 
+// The step's selection query (the new tokens' queries rotated at n_local + i, averaged) into
+// `out` ([num_heads * head_dim], this rank's heads).
+absl::Status BuildStepQuery(const SelectionOptions& o, const ModelConfig& c,
+                            const CudaAttentionQuery& query, float* out) {
+  return CudaStatus(
+      kc::BuildSelectionQuery(out, query.q, query.q_row_stride, query.num_new, c.num_heads,
+                              c.head_dim, o.n_local, query.inv_freq, query.stream),
+      "BuildSelectionQuery");
+}
+
+// The coarse-to-fine launchers' view of a step (span_scoring.h): the selection query, the
+// layer's keys over every cached token's slot, the shape and the budget.
+kc::SelectionProblem StepProblem(const SelectionOptions& o, const ModelConfig& c,
+                                 const CudaAttentionQuery& query, const float* selection_query) {
+  kc::SelectionProblem pr;
+  pr.query = selection_query;
+  pr.k_cache = query.k_cache;
+  pr.kv_type = KernelKvType(query.kv_dtype);
+  pr.k_scale = query.k_scale;
+  pr.slots = query.token_slots;
+  pr.num_tokens = query.cache_length;
+  pr.num_heads = c.num_heads;
+  pr.num_kv_heads = c.num_kv_heads;
+  pr.head_dim = c.head_dim;
+  pr.scale = o.scale;
+  pr.n_init = o.n_init;
+  pr.k = o.k;
+  pr.n_local = o.n_local;
+  return pr;
+}
+
 }  // namespace
 
 struct CudaSelectionAttention::Device {
@@ -332,10 +363,7 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       device_candidates.count = device_n;
       device_candidates.minus = static_cast<int32_t>(o.n_init + o.n_local);
       const int64_t row = c.num_heads * c.head_dim;
-      RETURN_IF_ERROR(CudaStatus(
-          kc::BuildSelectionQuery(d.query, query.q, query.q_row_stride, m, c.num_heads,
-                                  c.head_dim, o.n_local, query.inv_freq, s),
-          "BuildSelectionQuery"));
+      RETURN_IF_ERROR(BuildStepQuery(o, c, query, d.query));
       const int32_t* skip = nullptr;
       int32_t* picks = d.prefill_picks;
       if (decode) {  // through the layer's selection cache
@@ -512,14 +540,11 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
   Device& d = *dev_;
   const SelectionOptions& o = options_;
   const ModelConfig& c = config_;
-  const int64_t n = query.cache_length, m = query.num_new, layer = query.layer;
+  const int64_t n = query.cache_length, layer = query.layer;
   const int64_t page = o.baselines.quest_page_size;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   cudaStream_t s = query.stream;
-  RETURN_IF_ERROR(CudaStatus(
-      kc::BuildSelectionQuery(d.query, query.q, query.q_row_stride, m, c.num_heads, c.head_dim,
-                              o.n_local, query.inv_freq, s),
-      "BuildSelectionQuery"));
+  RETURN_IF_ERROR(BuildStepQuery(o, c, query, d.query));
   if (n < d.seen_tokens[layer]) d.complete_pages[layer] = 0;  // the sequence was rewound
   d.seen_tokens[layer] = n;
   const int64_t cand_end = n - o.n_local;
@@ -546,16 +571,7 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
   qp.out.num_selected = d.num_selected;
   qp.page_scores = d.page_scores;
   qp.page_bounds = bounds;
-  qp.problem.query = d.query;
-  qp.problem.slots = query.token_slots;
-  qp.problem.num_tokens = n;
-  qp.problem.num_heads = c.num_heads;
-  qp.problem.num_kv_heads = c.num_kv_heads;
-  qp.problem.head_dim = c.head_dim;
-  qp.problem.scale = o.scale;
-  qp.problem.n_init = o.n_init;
-  qp.problem.k = o.k;
-  qp.problem.n_local = o.n_local;
+  qp.problem = StepProblem(o, c, query, d.query);  // keys unread: the bounds stand in
   qp.page_size = page;
   qp.workspace = d.quest_workspace;
   qp.head_parts = invariant_shards_ > 0 ? invariant_shards_ / tp_size_ : 1;
@@ -635,26 +651,9 @@ absl::Status CudaSelectionAttention::SelectInfLlm(const CudaAttentionQuery& quer
   Device& d = *dev_;
   const SelectionOptions& o = options_;
   const ModelConfig& c = config_;
-  const int64_t n = query.cache_length, m = query.num_new;
   cudaStream_t s = query.stream;
-  RETURN_IF_ERROR(
-      CudaStatus(kc::BuildSelectionQuery(d.query, query.q, query.q_row_stride, m, c.num_heads,
-                                         c.head_dim, o.n_local, query.inv_freq, s),
-                 "BuildSelectionQuery"));
-  kc::SelectionProblem pr;
-  pr.query = d.query;
-  pr.k_cache = query.k_cache;
-  pr.kv_type = KernelKvType(query.kv_dtype);
-  pr.k_scale = query.k_scale;
-  pr.slots = query.token_slots;
-  pr.num_tokens = n;
-  pr.num_heads = c.num_heads;
-  pr.num_kv_heads = c.num_kv_heads;
-  pr.head_dim = c.head_dim;
-  pr.scale = o.scale;
-  pr.n_init = o.n_init;
-  pr.k = o.k;
-  pr.n_local = o.n_local;
+  RETURN_IF_ERROR(BuildStepQuery(o, c, query, d.query));
+  const kc::SelectionProblem pr = StepProblem(o, c, query, d.query);
   const int64_t block = o.baselines.infllm_block_size;
   const int64_t reps = o.baselines.infllm_representatives;
   kc::InfLlmRepsParams rp;
