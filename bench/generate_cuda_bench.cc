@@ -14,13 +14,16 @@
 //                    (2 bf16 rows per page of 16), InfLLM its representatives' keys (4 per block
 //                    of 128), then the selected keys and values; InfLLM's prefill also computes
 //                    each chunk's received attention
+//   tokenselect_span the span index (optional): each chunk's attention map and span detection in
+//                    prefill; decode reads the index vectors, then the keys of the best spans'
+//                    tokens (4 k) for the exact soft vote
 // The copy bandwidth is a device-to-device cudaMemcpy of 2 GiB measured in the same run, counted
 // as bytes read + written per second (a read-only stream runs at about this rate).
 // Then batched decode (CudaModel::DecodeBatch: one GEMM pass for B requests): B sequences of
 // --batch_context tokens each, dense, decode tokens/s for B = 1, 8, 32.
 //   bench_generate_cuda [--tokens 131072] [--decode 64]
 //                       [--policies dense,tokenselect,tokenselect-hit] [--batch_context 2048]
-//   (--policies may also name quest and infllm)
+//   (--policies may also name quest, infllm and tokenselect_span)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -99,7 +102,7 @@ int Main(int argc, char** argv) {
   const double kv_row = 2.0 * config.kv_dim();  // bytes of one token's keys (or values), a layer
   for (const std::string& policy_name :
        {std::string("dense"), std::string("tokenselect"), std::string("tokenselect-hit"),
-        std::string("quest"), std::string("infllm")}) {
+        std::string("quest"), std::string("infllm"), std::string("tokenselect_span")}) {
     if (("," + policies + ",").find("," + policy_name + ",") == std::string::npos) continue;
     const bool always_hit = policy_name == "tokenselect-hit";
     SelectionOptions sel;
@@ -168,6 +171,17 @@ int Main(int argc, char** argv) {
         scan = 2.0 * n / sel.baselines.quest_page_size * kv_row;
       } else if (sel.policy == SelectionPolicyKind::kInfLlm) {
         scan = n / sel.baselines.infllm_block_size * sel.baselines.infllm_representatives * kv_row;
+      } else if (sel.policy == SelectionPolicyKind::kTokenSelectSpan) {
+        // The index vectors, then the keys of the kept spans' tokens (the token budget).
+        auto states = (*provider)->ExportLayerStates((*model)->stream());
+        double vectors = 0;
+        if (states.ok()) {
+          for (const SelectionLayerState& st : *states) vectors += st.spans.num_index_tokens();
+          vectors /= std::max<size_t>(1, states->size());
+          std::printf("tokenselect_span: %.0f index vectors per layer, %zu spans in layer 0\n",
+                      vectors, states->empty() ? size_t{0} : (*states)[0].spans.spans().size());
+        }
+        scan = (vectors + static_cast<double>(SpanTokenBudget(sel))) * kv_row;
       }
       kv_bytes = (scan + 2 * selected * kv_row) * config.num_layers;
     }

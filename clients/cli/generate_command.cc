@@ -70,7 +70,7 @@ ABSL_FLAG(int64_t, chunk_size, 512, "generate: prompt tokens per prefill step (c
 ABSL_FLAG(int64_t, page_size, 16, "generate (offline), serve: KV cache page size in tokens.");
 ABSL_FLAG(std::string, device, "cpu",
           "generate (offline), serve: cpu, or cuda (bf16 weights; CUDA builds only; policies "
-          "tokenselect, topk, quest, infllm, dense, streaming).");
+          "tokenselect, topk, quest, infllm, tokenselect_span, dense, streaming).");
 ABSL_FLAG(int64_t, max_context, 131072,
           "generate (offline): with --device cuda, the KV capacity in tokens (prompt + new "
           "tokens).");

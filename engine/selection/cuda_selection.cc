@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/model/tp_invariance.h"
+#include "engine/selection/cuda_span_index.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/selection.h"
@@ -54,7 +55,8 @@ bool CoversAll(const SelectionOptions& o, int64_t n) { return o.n_init + o.k + o
 // A bound on the list length of a step of m new tokens after n cached ones.
 int64_t ListBound(const SelectionOptions& o, int64_t n, int64_t m) {
   if (o.policy == SelectionPolicyKind::kDense || CoversAll(o, n)) return n + m;
-  if (o.policy == SelectionPolicyKind::kQuest || o.policy == SelectionPolicyKind::kInfLlm) {
+  if (o.policy == SelectionPolicyKind::kQuest || o.policy == SelectionPolicyKind::kInfLlm ||
+      o.policy == SelectionPolicyKind::kTokenSelectSpan) {
     return std::min(n, o.n_init + o.k + o.n_local) + m;
   }
   if (o.policy == SelectionPolicyKind::kStreaming) return o.n_init + o.k + o.n_local + m;
@@ -179,12 +181,20 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     case SelectionPolicyKind::kStreaming:
     case SelectionPolicyKind::kQuest:
     case SelectionPolicyKind::kInfLlm:
+    case SelectionPolicyKind::kTokenSelectSpan:
       break;
     default:
       return absl::UnimplementedError(absl::StrCat(
           "selection.policy ", PolicyName(options.policy),
-          " has no GPU implementation yet (GPU policies: tokenselect, topk, quest, infllm, dense, "
-          "streaming)"));
+          " has no GPU implementation yet (GPU policies: tokenselect, topk, quest, infllm, "
+          "tokenselect_span, dense, streaming)"));
+  }
+  if (options.policy == SelectionPolicyKind::kTokenSelectSpan &&
+      (tp_size > 1 || invariant_shards > 0)) {
+    // The chunk map would be summed over the ranks and SpanSelect split in halves, as Quest's.
+    return absl::UnimplementedError(
+        "selection.policy tokenselect_span runs on one GPU only (no tensor parallelism or "
+        "TP-invariant numerics yet)");
   }
   if (options.policy == SelectionPolicyKind::kInfLlm && invariant_shards > 0) {
     // Its head sums (received attention, block scores) are not yet taken in the fixed shard
@@ -196,8 +206,9 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
   const int64_t group = config.num_heads / std::max<int64_t>(1, config.num_kv_heads);
   const bool quest = options.policy == SelectionPolicyKind::kQuest;
   const bool infllm = options.policy == SelectionPolicyKind::kInfLlm;
+  const bool span = options.policy == SelectionPolicyKind::kTokenSelectSpan;
   const bool scores_keys = options.policy == SelectionPolicyKind::kTokenSelect ||
-                           options.policy == SelectionPolicyKind::kTopK || quest || infllm;
+                           options.policy == SelectionPolicyKind::kTopK || quest || infllm || span;
   if (scores_keys && ((config.head_dim != 64 && config.head_dim != 128) ||
                       (group != 1 && group != 2 && group != 4 && group != 8))) {
     return absl::UnimplementedError(absl::StrCat(
@@ -250,6 +261,12 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     RETURN_IF_ERROR(d.arena.Get(
         static_cast<int64_t>(kc::InfLlmSelectWorkspaceBytes(d.max_blocks, options.k, block)), &ws));
     d.infllm_workspace = ws;
+    RETURN_IF_ERROR(d.arena.Get(options.n_init + options.k + options.n_local, &d.selected));
+    RETURN_IF_ERROR(d.arena.Get(1, &d.num_selected));
+  } else if (span) {
+    // The index is built from every step, whether or not the budget covers the cache yet.
+    ASSIGN_OR_RETURN(s->spans_, CudaSpanIndex::Create(options, config, max_tokens, max_new));
+    RETURN_IF_ERROR(d.arena.Get(row, &d.query));
     RETURN_IF_ERROR(d.arena.Get(options.n_init + options.k + options.n_local, &d.selected));
     RETURN_IF_ERROR(d.arena.Get(1, &d.num_selected));
   } else if (scores_keys && !quest && d.max_candidates > k) {
@@ -325,8 +342,9 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
     return absl::InvalidArgumentError(
         "GPU selection: a device-side cache length for a step this provider cannot replay");
   }
-  if (device_n == nullptr) Account(n, m);
+  if (device_n == nullptr) Account(query.layer, n, m);
   if (o.policy == SelectionPolicyKind::kInfLlm) RETURN_IF_ERROR(ObserveInfLlm(query));
+  if (spans_ != nullptr) RETURN_IF_ERROR(spans_->Observe(query));
   if (o.policy == SelectionPolicyKind::kDense || CoversAll(o, n)) {
     kc::DenseListParams p;
     p.kv_indptr = d.indptr;
@@ -338,9 +356,11 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
     RETURN_IF_ERROR(CudaStatus(kc::FillDenseList(p, s), "FillDenseList"));
     list->kv_indices = query.token_slots;
     list->kv_positions = query.iota;
-  } else if (o.policy == SelectionPolicyKind::kQuest || o.policy == SelectionPolicyKind::kInfLlm) {
-    RETURN_IF_ERROR(o.policy == SelectionPolicyKind::kQuest ? SelectQuest(query)
-                                                            : SelectInfLlm(query));
+  } else if (o.policy == SelectionPolicyKind::kQuest || o.policy == SelectionPolicyKind::kInfLlm ||
+             spans_ != nullptr) {
+    RETURN_IF_ERROR(o.policy == SelectionPolicyKind::kQuest    ? SelectQuest(query)
+                    : o.policy == SelectionPolicyKind::kInfLlm ? SelectInfLlm(query)
+                                                               : SelectSpan(query));
     list->kv_indices = d.indices;
     list->kv_positions = d.positions;
   } else {
@@ -503,10 +523,10 @@ bool CudaSelectionAttention::SupportsDeviceLength(const CudaAttentionQuery& quer
 }
 
 void CudaSelectionAttention::AccountReplay(const CudaAttentionQuery& query) {
-  Account(query.cache_length, query.num_new);
+  Account(query.layer, query.cache_length, query.num_new);
 }
 
-void CudaSelectionAttention::Account(int64_t n, int64_t m) {
+void CudaSelectionAttention::Account(int64_t layer, int64_t n, int64_t m) {
   const SelectionOptions& o = options_;
   ++stats_.layer_steps;
   if (m == 1) ++stats_.decode_layer_steps;
@@ -526,6 +546,10 @@ void CudaSelectionAttention::Account(int64_t n, int64_t m) {
       const int64_t tail = candidates % block;
       stats_.candidates_scored += candidates / block * reps + std::min(reps, tail);
     }
+  } else if (spans_ != nullptr) {
+    // The index vectors (a bound: the spans that meet the candidates are scored); the kept
+    // tokens' soft vote is sized on the device.
+    stats_.candidates_scored += spans_->NumIndexTokens(layer);
   } else if (o.policy != SelectionPolicyKind::kStreaming && m != 1) {
     stats_.candidates_scored += n - o.n_init - o.n_local;  // decode goes through the cache
   }
@@ -681,9 +705,31 @@ absl::Status CudaSelectionAttention::SelectInfLlm(const CudaAttentionQuery& quer
   return ListFromSelected(query);
 }
 
+// tokenselect_span: the selection query, then SpanSelect over the layer's span index (kept up
+// to date by CudaSpanIndex::Observe), then the list.
+absl::Status CudaSelectionAttention::SelectSpan(const CudaAttentionQuery& query) {
+  Device& d = *dev_;
+  if (query.kv_dtype != KvCacheDType::kBF16) {
+    return absl::UnimplementedError(
+        "selection.policy tokenselect_span on the GPU reads bf16 keys; this model's KV cache is "
+        "FP8 (kv_cache_dtype)");
+  }
+  RETURN_IF_ERROR(BuildStepQuery(options_, config_, query, d.query));
+  kc::SelectionOutput out;
+  out.tokens = d.selected;
+  out.num_selected = d.num_selected;
+  RETURN_IF_ERROR(spans_->Select(query.layer, StepProblem(options_, config_, query, d.query), out,
+                                 query.stream));
+  return ListFromSelected(query);
+}
+
 absl::StatusOr<std::vector<SelectionLayerState>> CudaSelectionAttention::ExportLayerStates(
     cudaStream_t stream) const {
   std::vector<SelectionLayerState> states;
+  if (spans_ != nullptr) {
+    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "span index"));
+    return spans_->states();
+  }
   if (options_.policy != SelectionPolicyKind::kInfLlm) return states;
   const Device& d = *dev_;
   states.resize(static_cast<size_t>(config_.num_layers));
@@ -707,6 +753,7 @@ absl::Status CudaSelectionAttention::ImportLayerStates(
     return absl::InvalidArgumentError(absl::StrCat("final.selection_states has ", states.size(),
                                                    " layers, the model ", config_.num_layers));
   }
+  if (spans_ != nullptr) return spans_->Import(states, stream);
   if (options_.policy != SelectionPolicyKind::kInfLlm) {
     return absl::UnimplementedError(absl::StrCat("final.selection_states: selection.policy ",
                                                  PolicyName(options_.policy),

@@ -31,7 +31,14 @@
 // bounds and InfLLM's received attention and block scores, all dequantizing as they read
 // (docs/fp8_kv.md).
 //
-// Other policies (head_vote, tokenselect_span, cascade) have no GPU provider yet, and the
+//   tokenselect_span                           every step: the chunk's attention map and span
+//                                              detection on the GPU into the layer's span index
+//                                              (CudaSpanIndex, cuda_span_index.h); selection
+//                                              query -> span scores over the index vectors ->
+//                                              spans best first into the token budget -> the
+//                                              exact soft vote over their tokens (SpanSelect);
+//                                              one GPU, bf16 keys, no selection cache yet
+// Other policies (head_vote, cascade) have no GPU provider yet, and the
 // scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
 // Unimplemented naming the policy (or the shape) otherwise. Quest keeps its page bounds per layer:
 // L x ceil(N / page_size) x 2 x kv_dim bf16, 1/8 of the K cache at pages of 16. InfLLM keeps L x
@@ -63,6 +70,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/cuda_attention.h"
 #include "engine/model/model_config.h"
+#include "engine/selection/cuda_span_index.h"
 #include "engine/selection/layer_state.h"
 #include "engine/selection/selection_attention.h"
 #include "engine/selection/selection_cache.h"
@@ -119,13 +127,15 @@ class CudaSelectionAttention : public CudaAttentionProvider {
 
   // The per-layer state a disaggregated decode worker needs to continue where this provider
   // stopped (engine/transfer/selection_state.h): for infllm one SelectionLayerState per layer
-  // holding the received attention of the tokens observed so far; empty for the other policies
+  // holding the received attention of the tokens observed so far, for tokenselect_span that and
+  // the span index; empty for the other policies
   // (they keep nothing but the selection cache, which starts empty on a decode worker). Waits
   // for the stream.
   absl::StatusOr<std::vector<SelectionLayerState>> ExportLayerStates(cudaStream_t stream) const;
   // Restores such states before the first step: empty (nothing to do) or one per layer.
   // InvalidArgument for another count or more tokens than the provider holds, Unimplemented
-  // for states given to a policy other than infllm. Only the received attention is read.
+  // for states given to a policy other than infllm and tokenselect_span. infllm reads only the
+  // received attention.
   // Waits for the stream.
   absl::Status ImportLayerStates(const std::vector<SelectionLayerState>& states,
                                  cudaStream_t stream);
@@ -140,16 +150,20 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   // InfLLM: the step's received attention into the layer state (every step), and the selection.
   absl::Status ObserveInfLlm(const CudaAttentionQuery& query);
   absl::Status SelectInfLlm(const CudaAttentionQuery& query);
-  // The list from the selected set (Quest's and InfLLM's selected / num_selected buffers).
+  // tokenselect_span's selection over the layer's span index (spans_).
+  absl::Status SelectSpan(const CudaAttentionQuery& query);
+  // The list from the selected set (Quest's, InfLLM's and the span index's selected /
+  // num_selected buffers).
   absl::Status ListFromSelected(const CudaAttentionQuery& query);
   // The statistics of one layer step of m new tokens after n cached ones.
-  void Account(int64_t n, int64_t m);
+  void Account(int64_t layer, int64_t n, int64_t m);
 
   const SelectionOptions options_;
   const ModelConfig config_;
   const int tp_size_;
   const int invariant_shards_;
   std::unique_ptr<Device> dev_;
+  std::unique_ptr<CudaSpanIndex> spans_;  // tokenselect_span only
   SelectionStats stats_;
 };
 

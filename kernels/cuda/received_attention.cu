@@ -1,12 +1,16 @@
-// The received attention of a forward step's new tokens (span_scoring.h, ChunkReceivedAttention):
-// the GPU twin of engine/selection/chunk_attention.cc's ChunkAttentionMap + ReceivedAttention.
+// The received attention of a forward step's new tokens (span_scoring.h, ChunkReceivedAttention)
+// and the chunk's attention map (span_detection.h, ChunkAttentionMap): the GPU twins of
+// engine/selection/chunk_attention.cc's ReceivedAttention and ChunkAttentionMap.
 //
-// Three launches, no atomics, so the result does not depend on the schedule:
+// ChunkReceivedAttention: three launches, no atomics, so the result does not depend on the
+// schedule:
 //   RowStatsKernel   grid (row tiles, heads): each row's softmax maximum and 1 / sum over its
 //                    causal prefix of the chunk
 //   ColumnsKernel    grid (column tiles, heads): per head, the probabilities each column gets
 //                    from the rows at or below it, summed over those rows
 //   HeadSumKernel    received[j] = the per-head column sums added in head order
+// ChunkAttentionMap: RowStatsKernel, then MapKernel (grid (column tiles, row tiles): the heads'
+// probabilities added in order into each tile) and the map's column sums in double.
 // Tiles of kTile rows (or columns) x kTile keys; the tile's queries and keys are rotated (RoPE at
 // their true positions) as they are loaded into shared memory as fp32. A thread computes a 4 x 4
 // block of a tile's logits (8 shared-memory loads per 16 multiply-adds); the 8 threads that share
@@ -21,6 +25,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention_internal.h"
 #include "kernels/cuda/kv_cache_load.cuh"
+#include "kernels/cuda/span_detection.h"
 #include "kernels/cuda/span_scoring.h"
 
 namespace tokenselect::kernels::cuda {
@@ -223,14 +228,64 @@ __global__ void HeadSumKernel(float* __restrict__ received, const float* __restr
   received[j] = sum;
 }
 
+// The map: grid (column tiles, row tiles). Thread t owns columns 4 * (t / 8) + j and rows
+// (t % 8) + 8 * i of its tile; heads are added in order into registers, each probability computed
+// as in pass 2 (the same logits, row maximum and 1 / sum). Tiles above the diagonal write zeros.
 template <int D, bool kFp8>
-cudaError_t Launch(const Views& v, cudaStream_t stream) {
-  const dim3 grid((v.num_new + kTile - 1) / kTile, v.num_heads);
-  RowStatsKernel<D, kFp8><<<grid, kThreads, 0, stream>>>(v);
-  TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  ColumnsKernel<D, kFp8><<<grid, kThreads, 0, stream>>>(v);
-  TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return cudaSuccess;
+__global__ void __launch_bounds__(kThreads) MapKernel(Views v, float* __restrict__ map) {
+  __shared__ float sq[kTile][D + 1];
+  __shared__ float sk[kTile][D + 1];
+  __shared__ float sm[kTile], sz[kTile];
+  const int c0 = blockIdx.x * kTile, r0 = blockIdx.y * kTile;
+  const int cg = threadIdx.x / kParts, part = threadIdx.x % kParts;
+  const int group = v.num_heads / v.num_kv_heads;
+  float acc[kQuad][kQuad] = {};
+  if (c0 <= r0 + kTile - 1) {
+    for (int h = 0; h < v.num_heads; ++h) {
+      __syncthreads();  // the previous head's tiles are consumed
+      if (h % group == 0) LoadRotated<D, true, kFp8>(v, c0, h / group, sk);
+      LoadRotated<D, false, kFp8>(v, r0, h, sq);
+      for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+        const int row = r0 + i;
+        const bool in = row < v.num_new;
+        sm[i] = in ? v.row_max[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
+        sz[i] = in ? v.row_inv_sum[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
+      }
+      __syncthreads();
+      float s[kQuad][kQuad];
+      QuadLogits<D>(sq, sk, part, kParts, kQuad * cg, 1, v.scale, s);
+#pragma unroll
+      for (int i = 0; i < kQuad; ++i) {
+        const int ri = part + kParts * i, row = r0 + ri;
+#pragma unroll
+        for (int j = 0; j < kQuad; ++j) {
+          const int col = c0 + kQuad * cg + j;
+          if (row >= v.num_new || col > row) continue;
+          acc[i][j] += expf(s[i][j] - sm[ri]) * sz[ri];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kQuad; ++i) {
+    const int row = r0 + part + kParts * i;
+    if (row >= v.num_new) continue;
+#pragma unroll
+    for (int j = 0; j < kQuad; ++j) {
+      const int col = c0 + kQuad * cg + j;
+      if (col < v.num_new) map[static_cast<int64_t>(row) * v.num_new + col] = acc[i][j];
+    }
+  }
+}
+
+// received[j] = sum_{i >= j} map[i, j] in double, rows in order (the CPU's ReceivedAttention).
+__global__ void MapColumnSumsKernel(float* __restrict__ received, const float* __restrict__ map,
+                                    int num_new) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= num_new) return;
+  double sum = 0.0;
+  for (int i = j; i < num_new; ++i) sum += map[static_cast<int64_t>(i) * num_new + j];
+  received[j] = static_cast<float>(sum);
 }
 
 }  // namespace
@@ -240,16 +295,20 @@ size_t ReceivedAttentionWorkspaceBytes(int64_t num_new, int64_t num_heads) {
          sizeof(float);
 }
 
-cudaError_t ChunkReceivedAttention(const ReceivedAttentionParams& p, cudaStream_t stream) {
+namespace {
+
+bool ValidParams(const ReceivedAttentionParams& p) {
   const bool fp8 = p.kv_type == KvCacheType::kFp8E4M3;
-  if (p.received == nullptr || p.workspace == nullptr || p.q == nullptr || p.k_cache == nullptr ||
-      p.slots == nullptr || p.inv_freq == nullptr || (fp8 && p.k_scale == nullptr) ||
-      p.num_new < 1 || p.num_new > INT32_MAX / 2 || p.num_heads < 1 || p.num_kv_heads < 1 ||
-      p.num_heads % p.num_kv_heads != 0 || p.num_heads > 65535 ||
-      (p.head_dim != 64 && p.head_dim != 128) || p.q_row_stride < p.num_heads * p.head_dim ||
-      p.first_position < 0 || !std::isfinite(p.scale) || p.scale <= 0.0f) {
-    return cudaErrorInvalidValue;
-  }
+  return !(p.received == nullptr || p.workspace == nullptr || p.q == nullptr ||
+           p.k_cache == nullptr || p.slots == nullptr || p.inv_freq == nullptr ||
+           (fp8 && p.k_scale == nullptr) || p.num_new < 1 || p.num_new > INT32_MAX / 2 ||
+           p.num_heads < 1 || p.num_kv_heads < 1 || p.num_heads % p.num_kv_heads != 0 ||
+           p.num_heads > 65535 || (p.head_dim != 64 && p.head_dim != 128) ||
+           p.q_row_stride < p.num_heads * p.head_dim || p.first_position < 0 ||
+           !std::isfinite(p.scale) || p.scale <= 0.0f);
+}
+
+Views MakeViews(const ReceivedAttentionParams& p) {
   float* ws = static_cast<float*>(p.workspace);
   Views v;
   v.q = p.q;
@@ -266,15 +325,48 @@ cudaError_t ChunkReceivedAttention(const ReceivedAttentionParams& p, cudaStream_
   v.row_max = ws;
   v.row_inv_sum = ws + p.num_new * p.num_heads;
   v.column_sums = ws + 2 * p.num_new * p.num_heads;
-  cudaError_t err;
-  if (p.head_dim == 64) {
-    err = fp8 ? Launch<64, true>(v, stream) : Launch<64, false>(v, stream);
+  return v;
+}
+
+// The row statistics, then pass 2 (map == nullptr) or the map.
+template <int D, bool kFp8>
+cudaError_t LaunchPasses(const Views& v, float* map, cudaStream_t stream) {
+  const int tiles = (v.num_new + kTile - 1) / kTile;
+  RowStatsKernel<D, kFp8><<<dim3(tiles, v.num_heads), kThreads, 0, stream>>>(v);
+  TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (map == nullptr) {
+    ColumnsKernel<D, kFp8><<<dim3(tiles, v.num_heads), kThreads, 0, stream>>>(v);
   } else {
-    err = fp8 ? Launch<128, true>(v, stream) : Launch<128, false>(v, stream);
+    MapKernel<D, kFp8><<<dim3(tiles, tiles), kThreads, 0, stream>>>(v, map);
   }
-  TS_CUDA_RETURN_IF_ERROR(err);
+  return cudaGetLastError();
+}
+
+cudaError_t Passes(const ReceivedAttentionParams& p, const Views& v, float* map,
+                   cudaStream_t stream) {
+  const bool fp8 = p.kv_type == KvCacheType::kFp8E4M3;
+  if (p.head_dim == 64) {
+    return fp8 ? LaunchPasses<64, true>(v, map, stream) : LaunchPasses<64, false>(v, map, stream);
+  }
+  return fp8 ? LaunchPasses<128, true>(v, map, stream) : LaunchPasses<128, false>(v, map, stream);
+}
+
+}  // namespace
+
+cudaError_t ChunkReceivedAttention(const ReceivedAttentionParams& p, cudaStream_t stream) {
+  if (!ValidParams(p)) return cudaErrorInvalidValue;
+  const Views v = MakeViews(p);
+  TS_CUDA_RETURN_IF_ERROR(Passes(p, v, nullptr, stream));
   HeadSumKernel<<<(v.num_new + 255) / 256, 256, 0, stream>>>(p.received, v.column_sums, v.num_new,
                                                              v.num_heads);
+  return cudaGetLastError();
+}
+
+cudaError_t ChunkAttentionMap(const ReceivedAttentionParams& p, float* map, cudaStream_t stream) {
+  if (!ValidParams(p) || map == nullptr) return cudaErrorInvalidValue;
+  const Views v = MakeViews(p);
+  TS_CUDA_RETURN_IF_ERROR(Passes(p, v, map, stream));
+  MapColumnSumsKernel<<<(v.num_new + 127) / 128, 128, 0, stream>>>(p.received, map, v.num_new);
   return cudaGetLastError();
 }
 

@@ -22,8 +22,8 @@
 // bounds (bounds of the dequantized keys, bit for bit those of a bf16 cache holding them) and by
 // InfLlmSelect and ChunkReceivedAttention (dequantized in registers: the same results as over a
 // bf16 cache holding the dequantized keys); SpanSelect takes bf16 keys and returns
-// cudaErrorInvalidValue for FP8 (tokenselect_span has no GPU provider yet:
-// engine/selection/cuda_selection.h). Launchers take a cudaStream_t, never
+// cudaErrorInvalidValue for FP8 (the GPU provider refuses tokenselect_span on FP8 caches:
+// engine/selection/cuda_span_index.h). Launchers take a cudaStream_t, never
 // synchronise, and return the first CUDA error; cudaErrorInvalidValue for unsupported shapes
 // (head_dim 64 or 128, group size 1, 2, 4 or 8) or inconsistent sizes. Outputs whose length is only
 // known on the device come with a device-side count. When n_init + k + n_local >= N every launcher

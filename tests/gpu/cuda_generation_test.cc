@@ -95,6 +95,9 @@ class CudaGenerationTest : public ::testing::TestWithParam<std::string> {
 
   // A second GPU model with the same weights (a decode worker's), to carry K/V into; null (and a
   // failure recorded) when it cannot be made.
+  // StatefulPolicyStateCarriedThroughTheHostDecodesLikeTheOriginal for one policy.
+  void CarryStateAndDecode(SelectionPolicyKind policy);
+
   std::unique_ptr<CudaModel> SecondModel() const {
     CudaModelOptions options;
     options.max_tokens = 2048;
@@ -119,8 +122,9 @@ class CudaGenerationTest : public ::testing::TestWithParam<std::string> {
 bool GpuScores(const ModelConfig& c) { return c.head_dim == 64 || c.head_dim == 128; }
 
 TEST_P(CudaGenerationTest, ChunkedPrefillLogitsMatchTheCpu) {
-  for (SelectionPolicyKind policy : {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect,
-                                     SelectionPolicyKind::kInfLlm}) {
+  for (SelectionPolicyKind policy :
+       {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect,
+        SelectionPolicyKind::kInfLlm, SelectionPolicyKind::kTokenSelectSpan}) {
     const SelectionOptions sel = SmallBudget(policy);
     if (policy != SelectionPolicyKind::kDense && !GpuScores(config_)) {
       auto refused = CudaSelectionAttention::Create(sel, config_, 1024, 64);
@@ -164,8 +168,9 @@ TEST_P(CudaGenerationTest, ChunkedPrefillLogitsMatchTheCpu) {
 
 // The policies the greedy comparisons run, each with the small budget.
 constexpr SelectionPolicyKind kGreedyPolicies[] = {
-    SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect, SelectionPolicyKind::kQuest,
-    SelectionPolicyKind::kStreaming, SelectionPolicyKind::kInfLlm};
+    SelectionPolicyKind::kDense,  SelectionPolicyKind::kTokenSelect,
+    SelectionPolicyKind::kQuest,  SelectionPolicyKind::kStreaming,
+    SelectionPolicyKind::kInfLlm, SelectionPolicyKind::kTokenSelectSpan};
 
 // 32 greedy tokens past any EOS with `policy`'s small budget.
 GenerationOptions GreedyOptions(SelectionPolicyKind policy) {
@@ -258,7 +263,12 @@ TEST_P(CudaGenerationTest, GreedyContinuationsMatchTheCpu) {
     // most 0.0032, TokenSelect 0.0044, Quest 0.036.
     EXPECT_LE(worst_gap, gpu_test::NearTieBound(policy)) << PolicyName(policy);
     EXPECT_LE(cache_decision_diffs * 100, std::max<int64_t>(1, lookups)) << "cache decisions";
-    const int floor_percent = scores ? 35 : 70;
+    // tokenselect_span on llama3-rope (H100, thirty-sixth session): 3 of 20, every parting at a
+    // near-tie (largest gap 0.075): the span index turns a near-tie in the chunk map (the GPU's
+    // bf16 q/k against the CPU's emulation) into different spans, and so a different kept set.
+    const int floor_percent = policy == SelectionPolicyKind::kTokenSelectSpan ? 10
+                              : scores                                        ? 35
+                                                                              : 70;
     EXPECT_GE(same * 100, total * floor_percent) << PolicyName(policy);
   }
   EXPECT_TRUE(pool_->CheckNoLeaks().ok());
@@ -378,17 +388,26 @@ TEST_P(CudaGenerationTest, KvCarriedThroughTheHostDecodesLikeTheOriginal) {
   EXPECT_LT(before.free_pages, before.total_pages);
 }
 
-// InfLLM's state (every layer's received attention) travels with the K/V: a decode runner that
-// restores it holds the same state and decodes like the runner that did the prefill; the state
-// equals the CPU backend's within the two models' rounding.
-TEST_P(CudaGenerationTest, InfLlmStateCarriedThroughTheHostDecodesLikeTheOriginal) {
+// The stateful policies' state (InfLLM: every layer's received attention; tokenselect_span: that
+// and the span index) travels with the K/V: a decode runner that restores it holds the same state
+// and decodes like the runner that did the prefill; the received attention equals the CPU
+// backend's within the two models' rounding.
+TEST_P(CudaGenerationTest, StatefulPolicyStateCarriedThroughTheHostDecodesLikeTheOriginal) {
   if (!GpuScores(config_)) GTEST_SKIP() << "infllm on the GPU needs head_dim 64 or 128";
+  for (SelectionPolicyKind policy :
+       {SelectionPolicyKind::kInfLlm, SelectionPolicyKind::kTokenSelectSpan}) {
+    SCOPED_TRACE(PolicyName(policy));
+    CarryStateAndDecode(policy);
+  }
+}
+
+void CudaGenerationTest::CarryStateAndDecode(SelectionPolicyKind policy) {
   std::unique_ptr<CudaModel> other = SecondModel();
   ASSERT_NE(other, nullptr);
   CudaBackend prefill(gpu_.get());
   CudaBackend decode(other.get());
   CpuBackend cpu(cpu_.get(), pool_.get());
-  const SelectionOptions sel = SmallBudget(SelectionPolicyKind::kInfLlm);
+  const SelectionOptions sel = SmallBudget(policy);
   const std::vector<int32_t> prompt = Prompt(300, 11, config_.vocab_size);
   const int64_t n = static_cast<int64_t>(prompt.size());
   auto src = prefill.Start(400, sel);
@@ -405,6 +424,7 @@ TEST_P(CudaGenerationTest, InfLlmStateCarriedThroughTheHostDecodesLikeTheOrigina
   const std::vector<std::string> cpu_states = (*on_cpu)->CollectSelectionStates();
   ASSERT_EQ(cpu_states.size(), states.size());
   double worst = 0;
+  int same_indexes = 0;
   for (size_t l = 0; l < states.size(); ++l) {
     auto got = DeserializeLayerState(states[l]);
     auto want = DeserializeLayerState(cpu_states[l]);
@@ -412,9 +432,15 @@ TEST_P(CudaGenerationTest, InfLlmStateCarriedThroughTheHostDecodesLikeTheOrigina
     ASSERT_EQ(got->received.size(), static_cast<size_t>(n));
     ASSERT_EQ(want->received.size(), static_cast<size_t>(n));
     worst = std::max(worst, gpu_test::RelativeL2(got->received.data(), want->received.data(), n));
+    same_indexes += got->spans == want->spans;
+    EXPECT_EQ(got->spans.covered_end(),
+              policy == SelectionPolicyKind::kTokenSelectSpan ? n : int64_t{0});
   }
-  std::printf("%s infllm: received attention after prefill, rel L2 vs CPU worst layer %.3g\n",
-              GetParam().c_str(), worst);
+  std::printf(
+      "%s %s: received attention after prefill, rel L2 vs CPU worst layer %.3g; span "
+      "indexes equal to the CPU's in %d of %zu layers\n",
+      GetParam().c_str(), std::string(PolicyName(policy)).c_str(), worst, same_indexes,
+      states.size());
   EXPECT_LE(worst, 2e-2);
 
   auto dst = decode.Start(400, sel);

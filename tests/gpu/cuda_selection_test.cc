@@ -44,7 +44,13 @@ struct Shape {
 };
 
 class CudaSelectionTest : public ::testing::TestWithParam<Shape> {
- protected:
+ public:
+  const ModelConfig& config() const { return config_; }
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  const std::vector<float>& keys() const { return k_; }
+  const std::vector<int32_t>& slots() const { return slots_; }
+  int64_t num_slots() const { return num_slots_; }
+
   // A sequence of `total` tokens in scrambled slots with bf16-valued random keys.
   void SetUpCache(int64_t total, std::mt19937* rng) {
     const Shape s = GetParam();
@@ -136,6 +142,7 @@ class CudaSelectionTest : public ::testing::TestWithParam<Shape> {
     return static_cast<int64_t>(diff.size());
   }
 
+ protected:
   ModelConfig config_;
   int64_t num_slots_ = 0;
   std::vector<int32_t> slots_, iota_;
@@ -305,11 +312,126 @@ TEST_P(CudaSelectionTest, DecodeStepsThroughTheCacheMatchTheCpu) {
   }
 }
 
-// InfLLM over a prompt in chunks and then decode steps: every step's received attention goes into
-// the layer state on both sides (the GPU's ChunkReceivedAttention, the CPU policy's
-// ObserveChunk), and each step's list must equal the CPU policy's, up to one block flipped by a
-// near-tie once per case. The GPU's exported state then equals the CPU's within rounding, and a
-// second provider that imports it selects as the first.
+// A stateful policy over a prompt in chunks and then decode steps, on the GPU provider and on
+// the CPU policy (its Select, then ObserveChunk of the step, as SelectionAttention calls them);
+// each step's list must equal the CPU's up to `tolerance` entries (a near-tie flip), and the
+// steps that differ are counted.
+struct StatefulRun {
+  std::unique_ptr<CudaSelectionAttention> provider;
+  std::vector<SelectionLayerState> cpu_state;
+  int64_t flips = 0, selecting = 0;
+};
+
+StatefulRun RunStatefulSteps(CudaSelectionTest* t, const SelectionOptions& opt, int64_t chunk,
+                             int64_t prompt, int64_t steps, int64_t total, int64_t tolerance,
+                             std::mt19937* rng) {
+  const ModelConfig& config = t->config();
+  StatefulRun run;
+  auto provider = CudaSelectionAttention::Create(opt, config, total, chunk);
+  EXPECT_TRUE(provider.ok()) << provider.status();
+  if (!provider.ok()) return run;
+  run.provider = std::move(*provider);
+  auto policy = CreateSelectionPolicy(opt);
+  EXPECT_TRUE(policy.ok());
+  run.cpu_state.resize(static_cast<size_t>(config.num_layers));
+  // The model's attention scale (what SelectionAttention gives ObserveChunk).
+  const float scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  auto cpu_step = [&](int64_t layer, int64_t cached, const std::vector<float>& q, int64_t m) {
+    std::vector<float> sel(static_cast<size_t>(config.num_heads * config.head_dim));
+    EXPECT_TRUE(BuildSelectionQuery(q.data(), m, config.num_heads, config.head_dim, opt.n_local,
+                                    t->inv_freq().data(), sel.data())
+                    .ok());
+    SelectionInput in = t->CpuInput(sel, cached);
+    in.state = &run.cpu_state[static_cast<size_t>(layer)];
+    SelectionResult result;
+    SelectionScratch scratch;
+    EXPECT_TRUE((*policy)->Select(in, &result, &scratch).ok());
+    std::vector<int32_t> positions(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) positions[i] = static_cast<int32_t>(cached + i);
+    ChunkObservation obs;
+    obs.layer = layer;
+    obs.first_token = cached;
+    obs.num_new = m;
+    obs.q = q.data();
+    obs.num_heads = config.num_heads;
+    obs.num_kv_heads = config.num_kv_heads;
+    obs.head_dim = config.head_dim;
+    obs.k_cache = t->keys().data();
+    obs.slots = t->slots().data() + cached;
+    obs.num_slots = t->num_slots();
+    obs.positions = positions.data();
+    obs.inv_freq = t->inv_freq().data();
+    obs.scale = scale;
+    EXPECT_TRUE((*policy)->ObserveChunk(obs, in.state).ok());
+    AttentionList cpu;
+    EXPECT_TRUE(BuildAttentionList(result.tokens, t->slots(), cached, m, &cpu).ok());
+    return cpu;
+  };
+  for (int64_t cached = 0; cached < prompt + steps;) {
+    const int64_t m = cached < prompt ? std::min(chunk, prompt - cached) : 1;
+    for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+      const std::vector<float> q = t->RandomQ(m, rng);
+      const AttentionList gpu = t->RunGpu(run.provider.get(), layer, cached, q, m);
+      const AttentionList cpu = cpu_step(layer, cached, q, m);
+      const int64_t mismatches = CudaSelectionTest::Mismatches(gpu, cpu);
+      EXPECT_LE(mismatches, tolerance) << "cached " << cached << " layer " << layer;
+      run.flips += mismatches > 0;
+      run.selecting += cached > opt.n_init + opt.k + opt.n_local;
+    }
+    cached += m;
+  }
+  return run;
+}
+
+// A second provider made from the first's exported state (a decode worker's) selects as the
+// first at the next step, and exports the same state.
+void ExpectStateCarriesOver(CudaSelectionTest* t, const SelectionOptions& opt,
+                            CudaSelectionAttention* first, int64_t total, int64_t chunk,
+                            int64_t cached, std::mt19937* rng) {
+  auto exported = first->ExportLayerStates(nullptr);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  auto second = CudaSelectionAttention::Create(opt, t->config(), total, chunk);
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE((*second)->ImportLayerStates(*exported, nullptr).ok());
+  for (int64_t layer = 0; layer < t->config().num_layers; ++layer) {
+    const std::vector<float> q = t->RandomQ(1, rng);
+    const AttentionList a = t->RunGpu(first, layer, cached, q, 1);
+    const AttentionList b = t->RunGpu(second->get(), layer, cached, q, 1);
+    EXPECT_EQ(a.kv_slots, b.kv_slots) << "layer " << layer;
+    EXPECT_EQ(a.kv_positions, b.kv_positions);
+  }
+  auto again = (*second)->ExportLayerStates(nullptr);
+  ASSERT_TRUE(again.ok());
+  auto first_again = first->ExportLayerStates(nullptr);
+  ASSERT_TRUE(first_again.ok());
+  ASSERT_EQ(again->size(), first_again->size());
+  for (size_t layer = 0; layer < again->size(); ++layer) {
+    EXPECT_EQ((*again)[layer].received, (*first_again)[layer].received) << "layer " << layer;
+    EXPECT_TRUE((*again)[layer].spans == (*first_again)[layer].spans) << "layer " << layer;
+  }
+}
+
+// Worst |gpu - cpu| / (1 + cpu) of the exported received attention against the CPU policy's.
+double WorstReceived(const std::vector<SelectionLayerState>& gpu,
+                     const std::vector<SelectionLayerState>& cpu, int64_t tokens) {
+  double worst = 0.0;
+  EXPECT_EQ(gpu.size(), cpu.size());
+  for (size_t layer = 0; layer < std::min(gpu.size(), cpu.size()); ++layer) {
+    const std::vector<float>& got = gpu[layer].received;
+    const std::vector<float>& want = cpu[layer].received;
+    EXPECT_EQ(got.size(), want.size());
+    EXPECT_EQ(static_cast<int64_t>(got.size()), tokens);
+    for (size_t j = 0; j < std::min(got.size(), want.size()); ++j) {
+      worst = std::max(worst, std::fabs(got[j] - want[j]) / (1.0 + std::fabs(want[j])));
+    }
+  }
+  return worst;
+}
+
+// InfLLM: every step's received attention goes into the layer state on both sides (the GPU's
+// ChunkReceivedAttention, the CPU policy's ObserveChunk); each step's list must equal the CPU
+// policy's, up to one block flipped by a near-tie once per case. The GPU's exported state then
+// equals the CPU's within rounding, and carries over to a second provider.
 TEST_P(CudaSelectionTest, InfLlmStepsMatchTheCpuAndItsStateCarriesOver) {
   std::mt19937 rng(29);
   const int64_t chunk = 37, prompt = 30 * chunk, steps = 12;
@@ -323,101 +445,25 @@ TEST_P(CudaSelectionTest, InfLlmStepsMatchTheCpuAndItsStateCarriesOver) {
   opt.chunk_size = chunk;
   opt.baselines.infllm_block_size = 16;
   opt.baselines.infllm_representatives = 3;
-  auto provider = CudaSelectionAttention::Create(opt, config_, total, chunk);
-  ASSERT_TRUE(provider.ok()) << provider.status();
-  auto policy = CreateSelectionPolicy(opt);
-  ASSERT_TRUE(policy.ok());
-  std::vector<SelectionLayerState> cpu_state(static_cast<size_t>(config_.num_layers));
-  // The model's attention scale (what SelectionAttention gives ObserveChunk).
-  const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-  // The CPU side of one step: the selection, then the observation of the new tokens.
-  auto cpu_step = [&](int64_t layer, int64_t cached, const std::vector<float>& q, int64_t m) {
-    std::vector<float> sel(static_cast<size_t>(config_.num_heads * config_.head_dim));
-    EXPECT_TRUE(BuildSelectionQuery(q.data(), m, config_.num_heads, config_.head_dim, opt.n_local,
-                                    inv_freq_.data(), sel.data())
-                    .ok());
-    SelectionInput in = CpuInput(sel, cached);
-    in.state = &cpu_state[static_cast<size_t>(layer)];
-    SelectionResult result;
-    SelectionScratch scratch;
-    EXPECT_TRUE((*policy)->Select(in, &result, &scratch).ok());
-    std::vector<int32_t> positions(static_cast<size_t>(m));
-    for (int64_t i = 0; i < m; ++i) positions[i] = static_cast<int32_t>(cached + i);
-    ChunkObservation obs;
-    obs.layer = layer;
-    obs.first_token = cached;
-    obs.num_new = m;
-    obs.q = q.data();
-    obs.num_heads = config_.num_heads;
-    obs.num_kv_heads = config_.num_kv_heads;
-    obs.head_dim = config_.head_dim;
-    obs.k_cache = k_.data();
-    obs.slots = slots_.data() + cached;
-    obs.num_slots = num_slots_;
-    obs.positions = positions.data();
-    obs.inv_freq = inv_freq_.data();
-    obs.scale = scale;
-    EXPECT_TRUE((*policy)->ObserveChunk(obs, in.state).ok());
-    AttentionList cpu;
-    EXPECT_TRUE(BuildAttentionList(result.tokens, slots_, cached, m, &cpu).ok());
-    return cpu;
-  };
-  int64_t flips = 0, selecting = 0;
-  std::vector<std::vector<float>> decode_q;
-  for (int64_t cached = 0; cached < prompt + steps;) {
-    const int64_t m = cached < prompt ? std::min(chunk, prompt - cached) : 1;
-    for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
-      const std::vector<float> q = RandomQ(m, &rng);
-      const AttentionList gpu = RunGpu(provider->get(), layer, cached, q, m);
-      const AttentionList cpu = cpu_step(layer, cached, q, m);
-      const int64_t mismatches = Mismatches(gpu, cpu);
-      EXPECT_LE(mismatches, 2 * opt.baselines.infllm_block_size)
-          << "cached " << cached << " layer " << layer;
-      flips += mismatches > 0;
-      selecting += cached > opt.n_init + opt.k + opt.n_local;
-    }
-    cached += m;
-  }
-  EXPECT_LE(flips, 1);
-  EXPECT_GT(selecting, 20);
-  auto exported = (*provider)->ExportLayerStates(nullptr);
+  StatefulRun run = RunStatefulSteps(this, opt, chunk, prompt, steps, total,
+                                     2 * opt.baselines.infllm_block_size, &rng);
+  ASSERT_NE(run.provider, nullptr);
+  EXPECT_LE(run.flips, 1);
+  EXPECT_GT(run.selecting, 20);
+  auto exported = run.provider->ExportLayerStates(nullptr);
   ASSERT_TRUE(exported.ok()) << exported.status();
   ASSERT_EQ(exported->size(), static_cast<size_t>(config_.num_layers));
-  double worst = 0.0;
-  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
-    const std::vector<float>& got = (*exported)[static_cast<size_t>(layer)].received;
-    const std::vector<float>& want = cpu_state[static_cast<size_t>(layer)].received;
-    ASSERT_EQ(got.size(), want.size());
-    ASSERT_EQ(static_cast<int64_t>(got.size()), prompt + steps);
-    for (size_t j = 0; j < got.size(); ++j) {
-      worst = std::max(worst, std::fabs(got[j] - want[j]) / (1.0 + std::fabs(want[j])));
-    }
-  }
+  const double worst = WorstReceived(*exported, run.cpu_state, prompt + steps);
   std::printf(
       "infllm: %lld of %lld selecting layer steps differ from the CPU; received "
       "attention worst |gpu - cpu| / (1 + cpu) %.3g\n",
-      static_cast<long long>(flips), static_cast<long long>(selecting), worst);
+      static_cast<long long>(run.flips), static_cast<long long>(run.selecting), worst);
   EXPECT_LT(worst, 1e-4);
-  // A second provider from the exported state (a decode worker's) selects as the first.
-  auto second = CudaSelectionAttention::Create(opt, config_, total, chunk);
-  ASSERT_TRUE(second.ok());
-  ASSERT_TRUE((*second)->ImportLayerStates(*exported, nullptr).ok());
-  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
-    const std::vector<float> q = RandomQ(1, &rng);
-    const AttentionList a = RunGpu(provider->get(), layer, prompt + steps, q, 1);
-    const AttentionList b = RunGpu(second->get(), layer, prompt + steps, q, 1);
-    EXPECT_EQ(a.kv_slots, b.kv_slots) << "layer " << layer;
-    EXPECT_EQ(a.kv_positions, b.kv_positions);
-  }
-  auto again = (*second)->ExportLayerStates(nullptr);
-  ASSERT_TRUE(again.ok());
-  auto first_again = (*provider)->ExportLayerStates(nullptr);
-  ASSERT_TRUE(first_again.ok());
-  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
-    EXPECT_EQ((*again)[layer].received, (*first_again)[layer].received) << "layer " << layer;
-  }
+  ExpectStateCarriesOver(this, opt, run.provider.get(), total, chunk, prompt + steps, &rng);
   // Bad states: a wrong layer count, more tokens than the provider holds; and a state given to
   // a policy that keeps none.
+  auto second = CudaSelectionAttention::Create(opt, config_, total, chunk);
+  ASSERT_TRUE(second.ok());
   std::vector<SelectionLayerState> one(1);
   EXPECT_EQ((*second)->ImportLayerStates(one, nullptr).code(), absl::StatusCode::kInvalidArgument);
   std::vector<SelectionLayerState> big(static_cast<size_t>(config_.num_layers));
@@ -432,6 +478,106 @@ TEST_P(CudaSelectionTest, InfLlmStepsMatchTheCpuAndItsStateCarriesOver) {
   EXPECT_TRUE(none->empty());
   EXPECT_EQ((*stateless)->ImportLayerStates(*exported, nullptr).code(),
             absl::StatusCode::kUnimplemented);
+}
+
+// Whether two span indexes hold the same spans and index tokens, with scores within rounding of
+// each other (the GPU's map, and so each span's triangle score, is within ~1e-6 of the CPU's).
+bool SameSpans(const SpanIndex& a, const SpanIndex& b) {
+  if (a.spans().size() != b.spans().size() || a.covered_end() != b.covered_end()) return false;
+  for (size_t i = 0; i < a.spans().size(); ++i) {
+    const IndexedSpan &x = a.spans()[i], &y = b.spans()[i];
+    if (x.begin != y.begin || x.end != y.end || x.num_vectors != y.num_vectors) return false;
+    const absl::Span<const int32_t> vx = a.vectors(x), vy = b.vectors(y);
+    if (!std::equal(vx.begin(), vx.end(), vy.begin(), vy.end())) return false;
+    if (std::fabs(x.score - y.score) > 1e-4 * (1.0 + std::fabs(y.score))) return false;
+  }
+  return true;
+}
+
+// tokenselect_span: every step's spans go into the layer's span index on both sides (the GPU's
+// ChunkAttentionMap + DetectChunkSpans, the CPU policy's ChunkAttentionMap + DetectSpans); the
+// token budget (4 k = 384 of ~1100 candidates) keeps the span filter active. Each step's list
+// must equal the CPU policy's up to a near-tie flip of the soft vote; the exported indexes must
+// equal the CPU's (SameSpans: the GPU's map is within ~1e-6 of the CPU's, which moves no span
+// here, only the scores' last bits), and the
+// state carries over to a second provider. Then a rollback (a step that starts before the
+// index's end) and a gap (tokens never observed) take the CPU's paths too.
+TEST_P(CudaSelectionTest, SpanIndexStepsMatchTheCpuAndItsStateCarriesOver) {
+  std::mt19937 rng(31);
+  const int64_t chunk = 37, prompt = 30 * chunk, steps = 12;
+  const int64_t total = prompt + steps + 2 * chunk;
+  SetUpCache(total, &rng);
+  SelectionOptions opt;
+  opt.policy = SelectionPolicyKind::kTokenSelectSpan;
+  opt.n_init = 8;
+  opt.k = 96;
+  opt.n_local = 32;
+  opt.chunk_size = chunk;
+  StatefulRun run = RunStatefulSteps(this, opt, chunk, prompt, steps, total, 2, &rng);
+  ASSERT_NE(run.provider, nullptr);
+  EXPECT_LE(run.flips, 2);
+  EXPECT_GT(run.selecting, 20);
+  auto exported = run.provider->ExportLayerStates(nullptr);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  ASSERT_EQ(exported->size(), static_cast<size_t>(config_.num_layers));
+  const double worst = WorstReceived(*exported, run.cpu_state, prompt + steps);
+  int64_t spans = 0, differing = 0;
+  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+    const SpanIndex& got = (*exported)[static_cast<size_t>(layer)].spans;
+    const SpanIndex& want = run.cpu_state[static_cast<size_t>(layer)].spans;
+    spans += static_cast<int64_t>(got.spans().size());
+    differing += SameSpans(got, want) ? 0 : 1;
+  }
+  std::printf(
+      "tokenselect_span: %lld of %lld selecting layer steps differ from the CPU; %lld spans, "
+      "%lld of %lld layers' indexes differ; received attention worst %.3g\n",
+      static_cast<long long>(run.flips), static_cast<long long>(run.selecting),
+      static_cast<long long>(spans), static_cast<long long>(differing),
+      static_cast<long long>(config_.num_layers), worst);
+  EXPECT_EQ(differing, 0);
+  EXPECT_GT(spans, 30 * config_.num_layers);
+  EXPECT_LT(worst, 1e-4);
+  ExpectStateCarriesOver(this, opt, run.provider.get(), total, chunk, prompt + steps, &rng);
+
+  // A rollback to the middle of the prompt, then a chunk after a gap of unobserved tokens: the
+  // same indexes as the CPU policy given the same steps.
+  auto cpu_policy = CreateSelectionPolicy(opt);
+  ASSERT_TRUE(cpu_policy.ok());
+  for (const auto& [cached, m] : std::vector<std::pair<int64_t, int64_t>>{
+           {prompt / 2 + 5, chunk}, {prompt + steps + chunk / 2, chunk}}) {
+    for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+      const std::vector<float> q = RandomQ(m, &rng);
+      RunGpu(run.provider.get(), layer, cached, q, m);
+      std::vector<int32_t> positions(static_cast<size_t>(m));
+      for (int64_t i = 0; i < m; ++i) positions[i] = static_cast<int32_t>(cached + i);
+      ChunkObservation obs;
+      obs.layer = layer;
+      obs.first_token = cached;
+      obs.num_new = m;
+      obs.q = q.data();
+      obs.num_heads = config_.num_heads;
+      obs.num_kv_heads = config_.num_kv_heads;
+      obs.head_dim = config_.head_dim;
+      obs.k_cache = k_.data();
+      obs.slots = slots_.data() + cached;
+      obs.num_slots = num_slots_;
+      obs.positions = positions.data();
+      obs.inv_freq = inv_freq_.data();
+      obs.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+      ASSERT_TRUE((*cpu_policy)->ObserveChunk(obs, &run.cpu_state[layer]).ok());
+    }
+    auto now = run.provider->ExportLayerStates(nullptr);
+    ASSERT_TRUE(now.ok());
+    for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+      EXPECT_TRUE(SameSpans((*now)[layer].spans, run.cpu_state[layer].spans))
+          << "after the step at " << cached << ", layer " << layer;
+      EXPECT_EQ((*now)[layer].spans.covered_end(), cached + m);
+    }
+  }
+  // The device index after the rollback and the gap: the next decode step selects as a fresh
+  // provider that imports the host state.
+  ExpectStateCarriesOver(this, opt, run.provider.get(), total, chunk,
+                         prompt + steps + chunk / 2 + chunk, &rng);
 }
 
 TEST_P(CudaSelectionTest, RefusesPoliciesWithoutGpuKernelsAndBadSteps) {

@@ -71,13 +71,15 @@ inline engine::SelectionOptions SmallBudget(engine::SelectionPolicyKind policy) 
   return s;
 }
 
-// Whether `policy` picks the attended tokens by scoring keys (TokenSelect, Quest, InfLLM): there a
+// Whether `policy` picks the attended tokens by scoring keys (TokenSelect, Quest, InfLLM, the
+// span index): there a
 // near-tie in a vote can change the attended set, which moves two runs' logits further apart
 // than rounding alone does.
 inline bool ScoresKeys(engine::SelectionPolicyKind policy) {
   return policy == engine::SelectionPolicyKind::kTokenSelect ||
          policy == engine::SelectionPolicyKind::kQuest ||
-         policy == engine::SelectionPolicyKind::kInfLlm;
+         policy == engine::SelectionPolicyKind::kInfLlm ||
+         policy == engine::SelectionPolicyKind::kTokenSelectSpan;
 }
 
 // Where two greedy continuations of the N(0, 0.02) test models (QuietWeights) part, the largest

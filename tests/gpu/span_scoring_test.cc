@@ -1,5 +1,6 @@
-// Needs a GPU (label gpu): the span index, Quest and InfLLM selection kernels and the received
-// attention kernel (kernels/cuda/span_scoring.h) against the CPU policies (engine/selection:
+// Needs a GPU (label gpu): the span index, Quest and InfLLM selection kernels
+// (kernels/cuda/span_scoring.h; the received attention and the span detection are in
+// chunk_spans_test.cc) against the CPU policies (engine/selection:
 // span_policy.cc, quest_policy.cc, infllm_policy.cc through CreateSelectionPolicy). Span indexes
 // are built by the real CPU code (DetectSpans on planted chunk attention maps,
 // SpanIndex::AppendChunk, plus a decode span, an unindexed gap and an uncovered tail); keys are
@@ -25,7 +26,6 @@
 #include <set>
 #include <vector>
 
-#include "engine/selection/chunk_attention.h"
 #include "engine/selection/key_scores.h"
 #include "engine/selection/layer_state.h"
 #include "engine/selection/selection_policy.h"
@@ -802,131 +802,6 @@ INSTANTIATE_TEST_SUITE_P(
         InfLlmCase{{7777, 12, 3, 64}, 3, 515, 11, 100, 7, 5000},         // odd kv heads
         InfLlmCase{{3001, 8, 2, 64}, 10, 50, 20, 128, 4, 3001},          // k < block: none
         InfLlmCase{{3001, 8, 2, 64}, 1000, 1500, 501, 128, 4, 3001}));   // covering budget
-
-// ---------------------------------------------------------------------------------------------
-// The received attention of a step's new tokens (ChunkReceivedAttention) against the CPU's
-// ChunkAttentionMap + ReceivedAttention on the same bf16 queries and keys.
-
-struct ReceivedCase {
-  int64_t num_new, num_heads, num_kv_heads, head_dim, first_position;
-};
-
-class ReceivedAttentionGpuTest : public ::testing::TestWithParam<ReceivedCase> {};
-
-TEST_P(ReceivedAttentionGpuTest, MatchesCpu) {
-  const ReceivedCase c = GetParam();
-  std::mt19937 rng(static_cast<uint32_t>(c.num_new * 31 + c.head_dim + c.num_heads));
-  const int64_t c_n = c.num_new, row = c.num_heads * c.head_dim;
-  const int64_t stride = row + 24;  // rows of a wider buffer, as the model's fused QKV output
-  const int64_t num_slots = c_n + 77;
-  const int64_t kv_row = c.num_kv_heads * c.head_dim;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> q_rows(static_cast<size_t>(c_n * stride));
-  for (float& x : q_rows) x = normal(rng);
-  std::vector<uint16_t> q_bits = gpu_test::RoundToBf16(&q_rows);
-  std::vector<float> q(static_cast<size_t>(c_n * row));
-  for (int64_t i = 0; i < c_n; ++i) {
-    std::copy(q_rows.begin() + i * stride, q_rows.begin() + i * stride + row, q.begin() + i * row);
-  }
-  std::vector<float> keys(static_cast<size_t>(num_slots * kv_row));
-  for (float& x : keys) x = normal(rng);
-  std::vector<uint16_t> key_bits = gpu_test::RoundToBf16(&keys);
-  std::vector<int32_t> perm(static_cast<size_t>(num_slots));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  const std::vector<int32_t> slots(perm.begin(), perm.begin() + c_n);
-  std::vector<int32_t> positions(static_cast<size_t>(c_n));
-  for (int64_t i = 0; i < c_n; ++i) positions[i] = static_cast<int32_t>(c.first_position + i);
-  RopeParams rope;
-  rope.head_dim = c.head_dim;
-  const std::vector<float> inv_freq = RopeInverseFrequencies(rope);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-
-  engine::ChunkObservation obs;
-  obs.first_token = c.first_position;
-  obs.num_new = c_n;
-  obs.q = q.data();
-  obs.num_heads = c.num_heads;
-  obs.num_kv_heads = c.num_kv_heads;
-  obs.head_dim = c.head_dim;
-  obs.k_cache = keys.data();
-  obs.slots = slots.data();
-  obs.num_slots = num_slots;
-  obs.positions = positions.data();
-  obs.inv_freq = inv_freq.data();
-  obs.scale = scale;
-  ASSERT_TRUE(engine::ValidateChunkObservation(obs).ok());
-  std::vector<float> map, cpu;
-  engine::ChunkAttentionMap(obs, &map);
-  engine::ReceivedAttention(map, c_n, &cpu);
-
-  DeviceBuffer<uint16_t> d_q(q_bits), d_k(key_bits);
-  DeviceBuffer<int32_t> d_slots(slots);
-  DeviceBuffer<float> d_inv(inv_freq);
-  DeviceBuffer<float> d_received(static_cast<size_t>(c_n + 5));  // 5 past the end stay NaN
-  d_received.Poison();
-  DeviceBuffer<char> ws(ReceivedAttentionWorkspaceBytes(c_n, c.num_heads));
-  ws.Poison();
-  ReceivedAttentionParams p;
-  p.received = d_received.get();
-  p.workspace = ws.get();
-  p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
-  p.q_row_stride = stride;
-  p.k_cache = d_k.get();
-  p.slots = d_slots.get();
-  p.first_position = c.first_position;
-  p.num_new = c_n;
-  p.num_heads = c.num_heads;
-  p.num_kv_heads = c.num_kv_heads;
-  p.head_dim = c.head_dim;
-  p.inv_freq = d_inv.get();
-  p.scale = scale;
-  ASSERT_EQ(ChunkReceivedAttention(p, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> gpu = d_received.Download();
-  double worst = 0.0, total = 0.0;
-  for (int64_t j = 0; j < c_n; ++j) {
-    ASSERT_TRUE(std::isfinite(gpu[j])) << "received[" << j << "] not written";
-    // Each received value is a sum of up to (c - j) * H probabilities: fp32 against the CPU's
-    // double, and RoPE's fp32 angles (fast sincos on the GPU) at large positions.
-    const double err = std::fabs(gpu[j] - cpu[j]) / (1.0 + std::fabs(cpu[j]));
-    worst = std::max(worst, err);
-    total += gpu[j];
-  }
-  for (int64_t j = c_n; j < c_n + 5; ++j) EXPECT_TRUE(std::isnan(gpu[j])) << "wrote past the end";
-  std::printf(
-      "received attention c %lld h %lld/%lld d %lld at %lld: worst |gpu - cpu| / "
-      "(1 + cpu) %.3g\n",
-      static_cast<long long>(c_n), static_cast<long long>(c.num_heads),
-      static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.head_dim),
-      static_cast<long long>(c.first_position), worst);
-  EXPECT_LT(worst, 1e-4);
-  // Every row of every head sums to 1.
-  EXPECT_NEAR(total, static_cast<double>(c_n * c.num_heads), 1e-4 * c_n * c.num_heads);
-  if (c_n == 1) {
-    EXPECT_EQ(gpu[0], static_cast<float>(c.num_heads));  // a decode step
-  }
-
-  // Bad parameters are refused without a launch.
-  ReceivedAttentionParams bad = p;
-  bad.head_dim = 96;
-  EXPECT_EQ(ChunkReceivedAttention(bad, nullptr), cudaErrorInvalidValue);
-  bad = p;
-  bad.num_kv_heads = c.num_heads + 1;
-  EXPECT_EQ(ChunkReceivedAttention(bad, nullptr), cudaErrorInvalidValue);
-  bad = p;
-  bad.q_row_stride = row - 1;
-  EXPECT_EQ(ChunkReceivedAttention(bad, nullptr), cudaErrorInvalidValue);
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, ReceivedAttentionGpuTest,
-    ::testing::Values(ReceivedCase{1, 32, 8, 128, 5000},      // a decode step
-                      ReceivedCase{64, 32, 8, 128, 0},        // Llama-3-8B heads, one chunk
-                      ReceivedCase{37, 8, 8, 64, 100},        // g = 1, odd chunk
-                      ReceivedCase{100, 16, 2, 64, 123456},   // g = 8, far positions
-                      ReceivedCase{45, 12, 3, 128, 7},        // odd kv heads
-                      ReceivedCase{513, 8, 2, 128, 40000}));  // many tiles
 
 }  // namespace
 }  // namespace tokenselect::kernels::cuda
