@@ -645,24 +645,8 @@ absl::Status CudaSelectionAttention::ObserveInfLlm(const CudaAttentionQuery& que
     RETURN_IF_ERROR(CudaStatus(
         cudaMemsetAsync(received + observed, 0, (n - observed) * sizeof(float), s), "memset"));
   }
-  kc::ReceivedAttentionParams rp;
-  rp.received = received + n;
-  rp.workspace = d.received_workspace;
-  rp.q = query.q;
-  rp.q_row_stride = query.q_row_stride;
-  rp.k_cache = query.k_cache;
-  rp.kv_type = KernelKvType(query.kv_dtype);
-  rp.k_scale = query.k_scale;
-  rp.slots = query.token_slots + n;
-  rp.first_position = n;
-  rp.num_new = m;
-  rp.num_heads = c.num_heads;
-  rp.num_kv_heads = c.num_kv_heads;
-  rp.head_dim = c.head_dim;
-  rp.inv_freq = query.inv_freq;
-  // The model's attention scale, as the CPU's SelectionAttention gives its policy (not the
-  // selection's score scale).
-  rp.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const kc::ReceivedAttentionParams rp =
+      StepChunkParams(query, c, received + n, d.received_workspace);
   RETURN_IF_ERROR(CudaStatus(kc::ChunkReceivedAttention(rp, s), "ChunkReceivedAttention"));
   if (IsSharded(query.tp)) RETURN_IF_ERROR(query.tp->AllReduceSum(received + n, m, s));
   observed = n + m;

@@ -103,6 +103,28 @@ int64_t MaxKept(const SpanIndex& index, bool unindexed, int64_t n, const Selecti
 
 }  // namespace
 
+kc::ReceivedAttentionParams StepChunkParams(const CudaAttentionQuery& query,
+                                            const ModelConfig& config, float* received,
+                                            void* workspace) {
+  kc::ReceivedAttentionParams rp;
+  rp.received = received;
+  rp.workspace = workspace;
+  rp.q = query.q;
+  rp.q_row_stride = query.q_row_stride;
+  rp.k_cache = query.k_cache;
+  rp.kv_type = KernelKvType(query.kv_dtype);
+  rp.k_scale = query.k_scale;
+  rp.slots = query.token_slots + query.cache_length;
+  rp.first_position = query.cache_length;
+  rp.num_new = query.num_new;
+  rp.num_heads = config.num_heads;
+  rp.num_kv_heads = config.num_kv_heads;
+  rp.head_dim = config.head_dim;
+  rp.inv_freq = query.inv_freq;
+  rp.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  return rp;
+}
+
 struct CudaSpanIndex::Device {
   struct Layer {
     Growable<int32_t> begin, end, indptr, tokens;
@@ -303,23 +325,8 @@ absl::Status CudaSpanIndex::Observe(const CudaAttentionQuery& query) {
   }
 
   // The chunk's map and received attention, then its spans, on the GPU.
-  kc::ReceivedAttentionParams rp;
-  rp.received = d.received.ptr;
-  rp.workspace = d.received_workspace.ptr;
-  rp.q = query.q;
-  rp.q_row_stride = query.q_row_stride;
-  rp.k_cache = query.k_cache;
-  rp.kv_type = KernelKvType(query.kv_dtype);
-  rp.k_scale = query.k_scale;
-  rp.slots = query.token_slots + n;
-  rp.first_position = n;
-  rp.num_new = m;
-  rp.num_heads = c.num_heads;
-  rp.num_kv_heads = c.num_kv_heads;
-  rp.head_dim = c.head_dim;
-  rp.inv_freq = query.inv_freq;
-  // The model's attention scale, as the CPU's SelectionAttention gives its policy.
-  rp.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const kc::ReceivedAttentionParams rp =
+      StepChunkParams(query, c, d.received.ptr, d.received_workspace.ptr);
   RETURN_IF_ERROR(CudaStatus(kc::ChunkAttentionMap(rp, d.map.ptr, stream), "ChunkAttentionMap"));
   kc::SpanDetectParams dp;
   dp.out = d.out;

@@ -41,6 +41,14 @@ namespace tokenselect::engine {
 
 inline constexpr int64_t kMaxSpanChunk = 4096;
 
+// The step's new tokens as ChunkReceivedAttention / ChunkAttentionMap see them (InfLLM's
+// received attention, the span index's map): queries and keys of tokens [n, n + m) of the
+// query, at the model's attention scale (what the CPU's SelectionAttention gives its policy);
+// received and workspace are the caller's.
+kernels::cuda::ReceivedAttentionParams StepChunkParams(const CudaAttentionQuery& query,
+                                                       const ModelConfig& config, float* received,
+                                                       void* workspace);
+
 class CudaSpanIndex {
  public:
   // For sequences of up to max_tokens tokens and steps of up to max_new (<= kMaxSpanChunk)

@@ -312,6 +312,31 @@ TEST_P(CudaSelectionTest, DecodeStepsThroughTheCacheMatchTheCpu) {
   }
 }
 
+// The CPU policy's ObserveChunk of a step of m new tokens after `cached` (queries q), at the
+// model's attention scale (what SelectionAttention gives it).
+absl::Status ObserveOnCpu(const SelectionPolicy& policy, const CudaSelectionTest& t, int64_t layer,
+                          int64_t cached, const std::vector<float>& q, int64_t m,
+                          SelectionLayerState* state) {
+  const ModelConfig& config = t.config();
+  std::vector<int32_t> positions(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) positions[i] = static_cast<int32_t>(cached + i);
+  ChunkObservation obs;
+  obs.layer = layer;
+  obs.first_token = cached;
+  obs.num_new = m;
+  obs.q = q.data();
+  obs.num_heads = config.num_heads;
+  obs.num_kv_heads = config.num_kv_heads;
+  obs.head_dim = config.head_dim;
+  obs.k_cache = t.keys().data();
+  obs.slots = t.slots().data() + cached;
+  obs.num_slots = t.num_slots();
+  obs.positions = positions.data();
+  obs.inv_freq = t.inv_freq().data();
+  obs.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  return policy.ObserveChunk(obs, state);
+}
+
 // A stateful policy over a prompt in chunks and then decode steps, on the GPU provider and on
 // the CPU policy (its Select, then ObserveChunk of the step, as SelectionAttention calls them);
 // each step's list must equal the CPU's up to `tolerance` entries (a near-tie flip), and the
@@ -334,8 +359,6 @@ StatefulRun RunStatefulSteps(CudaSelectionTest* t, const SelectionOptions& opt, 
   auto policy = CreateSelectionPolicy(opt);
   EXPECT_TRUE(policy.ok());
   run.cpu_state.resize(static_cast<size_t>(config.num_layers));
-  // The model's attention scale (what SelectionAttention gives ObserveChunk).
-  const float scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
   auto cpu_step = [&](int64_t layer, int64_t cached, const std::vector<float>& q, int64_t m) {
     std::vector<float> sel(static_cast<size_t>(config.num_heads * config.head_dim));
     EXPECT_TRUE(BuildSelectionQuery(q.data(), m, config.num_heads, config.head_dim, opt.n_local,
@@ -346,23 +369,7 @@ StatefulRun RunStatefulSteps(CudaSelectionTest* t, const SelectionOptions& opt, 
     SelectionResult result;
     SelectionScratch scratch;
     EXPECT_TRUE((*policy)->Select(in, &result, &scratch).ok());
-    std::vector<int32_t> positions(static_cast<size_t>(m));
-    for (int64_t i = 0; i < m; ++i) positions[i] = static_cast<int32_t>(cached + i);
-    ChunkObservation obs;
-    obs.layer = layer;
-    obs.first_token = cached;
-    obs.num_new = m;
-    obs.q = q.data();
-    obs.num_heads = config.num_heads;
-    obs.num_kv_heads = config.num_kv_heads;
-    obs.head_dim = config.head_dim;
-    obs.k_cache = t->keys().data();
-    obs.slots = t->slots().data() + cached;
-    obs.num_slots = t->num_slots();
-    obs.positions = positions.data();
-    obs.inv_freq = t->inv_freq().data();
-    obs.scale = scale;
-    EXPECT_TRUE((*policy)->ObserveChunk(obs, in.state).ok());
+    EXPECT_TRUE(ObserveOnCpu(**policy, *t, layer, cached, q, m, in.state).ok());
     AttentionList cpu;
     EXPECT_TRUE(BuildAttentionList(result.tokens, t->slots(), cached, m, &cpu).ok());
     return cpu;
@@ -548,23 +555,8 @@ TEST_P(CudaSelectionTest, SpanIndexStepsMatchTheCpuAndItsStateCarriesOver) {
     for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
       const std::vector<float> q = RandomQ(m, &rng);
       RunGpu(run.provider.get(), layer, cached, q, m);
-      std::vector<int32_t> positions(static_cast<size_t>(m));
-      for (int64_t i = 0; i < m; ++i) positions[i] = static_cast<int32_t>(cached + i);
-      ChunkObservation obs;
-      obs.layer = layer;
-      obs.first_token = cached;
-      obs.num_new = m;
-      obs.q = q.data();
-      obs.num_heads = config_.num_heads;
-      obs.num_kv_heads = config_.num_kv_heads;
-      obs.head_dim = config_.head_dim;
-      obs.k_cache = k_.data();
-      obs.slots = slots_.data() + cached;
-      obs.num_slots = num_slots_;
-      obs.positions = positions.data();
-      obs.inv_freq = inv_freq_.data();
-      obs.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-      ASSERT_TRUE((*cpu_policy)->ObserveChunk(obs, &run.cpu_state[layer]).ok());
+      ASSERT_TRUE(
+          ObserveOnCpu(**cpu_policy, *this, layer, cached, q, m, &run.cpu_state[layer]).ok());
     }
     auto now = run.provider->ExportLayerStates(nullptr);
     ASSERT_TRUE(now.ok());
