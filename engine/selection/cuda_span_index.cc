@@ -41,17 +41,13 @@ struct Growable {
   int64_t capacity = 0;
 
   ~Growable() { cudaFree(ptr); }
-  absl::Status Reserve(int64_t need, int64_t keep, bool zero, cudaStream_t stream) {
+  absl::Status Reserve(int64_t need, int64_t keep, cudaStream_t stream) {
     if (need <= capacity) return absl::OkStatus();
     keep = std::min(keep, capacity);
     const int64_t cap = std::max<int64_t>({need, 2 * capacity, 1024});
     void* fresh = nullptr;
     RETURN_IF_ERROR(DeviceAlloc(static_cast<size_t>(cap) * sizeof(T), &fresh));
     T* next = static_cast<T*>(fresh);
-    if (zero) {
-      RETURN_IF_ERROR(
-          CudaStatus(cudaMemsetAsync(next, 0, cap * sizeof(T), stream), "cudaMemsetAsync"));
-    }
     if (keep > 0) {
       RETURN_IF_ERROR(
           CudaStatus(cudaMemcpyAsync(next, ptr, keep * sizeof(T), cudaMemcpyDeviceToDevice, stream),
@@ -182,15 +178,14 @@ absl::StatusOr<std::unique_ptr<CudaSpanIndex>> CudaSpanIndex::Create(
   const int64_t c = max_new;
   const int64_t spans = kc::SpanDetectMaxSpans(c);
   const int64_t tokens = kc::SpanDetectMaxTokens(c, options.span.max_vectors);
-  RETURN_IF_ERROR(d.map.Reserve(c * c, 0, false, stream));
-  RETURN_IF_ERROR(d.received.Reserve(c, 0, false, stream));
+  RETURN_IF_ERROR(d.map.Reserve(c * c, 0, stream));
+  RETURN_IF_ERROR(d.received.Reserve(c, 0, stream));
   RETURN_IF_ERROR(d.received_workspace.Reserve(
-      static_cast<int64_t>(kc::ReceivedAttentionWorkspaceBytes(c, config.num_heads)), 0, false,
-      stream));
-  RETURN_IF_ERROR(d.detect_workspace.Reserve(static_cast<int64_t>(kc::SpanDetectWorkspaceBytes(c)),
-                                             0, false, stream));
-  RETURN_IF_ERROR(d.out_ints.Reserve(2 + 4 * spans + 1 + tokens, 0, false, stream));
-  RETURN_IF_ERROR(d.out_score.Reserve(spans, 0, false, stream));
+      static_cast<int64_t>(kc::ReceivedAttentionWorkspaceBytes(c, config.num_heads)), 0, stream));
+  RETURN_IF_ERROR(
+      d.detect_workspace.Reserve(static_cast<int64_t>(kc::SpanDetectWorkspaceBytes(c)), 0, stream));
+  RETURN_IF_ERROR(d.out_ints.Reserve(2 + 4 * spans + 1 + tokens, 0, stream));
+  RETURN_IF_ERROR(d.out_score.Reserve(spans, 0, stream));
   int32_t* ints = d.out_ints.ptr;
   d.out.counts = ints;
   d.out.span_x = ints + 2;
@@ -204,7 +199,7 @@ absl::StatusOr<std::unique_ptr<CudaSpanIndex>> CudaSpanIndex::Create(
   RETURN_IF_ERROR(d.h_ints.Allocate(2 + 4 * kStagedSpans + 1 + kStagedTokens));
   RETURN_IF_ERROR(d.h_score.Allocate(kStagedSpans));
   RETURN_IF_ERROR(d.h_received.Allocate(c));
-  RETURN_IF_ERROR(d.num_kept.Reserve(1, 0, false, stream));
+  RETURN_IF_ERROR(d.num_kept.Reserve(1, 0, stream));
   return s;
 }
 
@@ -212,10 +207,10 @@ absl::Status CudaSpanIndex::Reserve(int64_t layer, int64_t spans, int64_t tokens
                                     cudaStream_t stream) {
   Device::Layer& l = dev_->layers[static_cast<size_t>(layer)];
   const int64_t keep_spans = l.synced_spans, keep_tokens = l.synced_tokens;
-  RETURN_IF_ERROR(l.begin.Reserve(spans, keep_spans, false, stream));
-  RETURN_IF_ERROR(l.end.Reserve(spans, keep_spans, false, stream));
-  RETURN_IF_ERROR(l.indptr.Reserve(spans + 1, keep_spans + 1, false, stream));
-  return l.tokens.Reserve(tokens, keep_tokens, false, stream);
+  RETURN_IF_ERROR(l.begin.Reserve(spans, keep_spans, stream));
+  RETURN_IF_ERROR(l.end.Reserve(spans, keep_spans, stream));
+  RETURN_IF_ERROR(l.indptr.Reserve(spans + 1, keep_spans + 1, stream));
+  return l.tokens.Reserve(tokens, keep_tokens, stream);
 }
 
 absl::Status CudaSpanIndex::Upload(int64_t layer, cudaStream_t stream) {
@@ -348,16 +343,21 @@ absl::Status CudaSpanIndex::Observe(const CudaAttentionQuery& query) {
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream),
                       "span detection copy");
   };
+  // The detection's arrays (spans entries each, tokens index tokens) into host memory.
+  auto fetch_spans = [&](int32_t* x, int32_t* y, int32_t* gap, int32_t* indptr, double* score,
+                         int32_t* tokens, int64_t spans, int64_t num_tokens) -> absl::Status {
+    RETURN_IF_ERROR(fetch(x, d.out.span_x, spans * sizeof(int32_t)));
+    RETURN_IF_ERROR(fetch(y, d.out.span_y, spans * sizeof(int32_t)));
+    RETURN_IF_ERROR(fetch(gap, d.out.span_gap, spans * sizeof(int32_t)));
+    RETURN_IF_ERROR(fetch(indptr, d.out.indptr, (spans + 1) * sizeof(int32_t)));
+    RETURN_IF_ERROR(fetch(score, d.out.span_score, spans * sizeof(double)));
+    RETURN_IF_ERROR(fetch(tokens, d.out.index_tokens, num_tokens * sizeof(int32_t)));
+    return CudaStatus(cudaStreamSynchronize(stream), "span detection copy");
+  };
   const int64_t ss = d.staged_spans, st = d.staged_tokens;
   RETURN_IF_ERROR(fetch(h, d.out.counts, 2 * sizeof(int32_t)));
-  RETURN_IF_ERROR(fetch(hx, d.out.span_x, ss * sizeof(int32_t)));
-  RETURN_IF_ERROR(fetch(hy, d.out.span_y, ss * sizeof(int32_t)));
-  RETURN_IF_ERROR(fetch(hg, d.out.span_gap, ss * sizeof(int32_t)));
-  RETURN_IF_ERROR(fetch(hi, d.out.indptr, (ss + 1) * sizeof(int32_t)));
-  RETURN_IF_ERROR(fetch(ht, d.out.index_tokens, st * sizeof(int32_t)));
-  RETURN_IF_ERROR(fetch(d.h_score.ptr, d.out.span_score, ss * sizeof(double)));
   RETURN_IF_ERROR(fetch(d.h_received.ptr, d.received.ptr, m * sizeof(float)));
-  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "span detection copy"));
+  RETURN_IF_ERROR(fetch_spans(hx, hy, hg, hi, d.h_score.ptr, ht, ss, st));
   const int64_t S = h[0], V = h[1];
   const int64_t s_staged = std::min(S, ss);
   std::vector<int32_t> x(hx, hx + s_staged), y(hy, hy + s_staged), gap(hg, hg + s_staged),
@@ -370,13 +370,8 @@ absl::Status CudaSpanIndex::Observe(const CudaAttentionQuery& query) {
     indptr.resize(S + 1);
     score.resize(S);
     tokens.resize(V);
-    RETURN_IF_ERROR(fetch(x.data(), d.out.span_x, S * sizeof(int32_t)));
-    RETURN_IF_ERROR(fetch(y.data(), d.out.span_y, S * sizeof(int32_t)));
-    RETURN_IF_ERROR(fetch(gap.data(), d.out.span_gap, S * sizeof(int32_t)));
-    RETURN_IF_ERROR(fetch(indptr.data(), d.out.indptr, (S + 1) * sizeof(int32_t)));
-    RETURN_IF_ERROR(fetch(score.data(), d.out.span_score, S * sizeof(double)));
-    RETURN_IF_ERROR(fetch(tokens.data(), d.out.index_tokens, V * sizeof(int32_t)));
-    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "span detection copy"));
+    RETURN_IF_ERROR(fetch_spans(x.data(), y.data(), gap.data(), indptr.data(), score.data(),
+                                tokens.data(), S, V));
   }
   std::vector<DetectedSpan> spans(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) {
@@ -407,12 +402,12 @@ absl::Status CudaSpanIndex::Select(int64_t layer, const kc::SelectionProblem& pr
   Device::Layer& l = d.layers[static_cast<size_t>(layer)];
   const int64_t S = static_cast<int64_t>(index.spans().size());
   const int64_t max_kept = MaxKept(index, l.unindexed, problem.num_tokens, options_);
-  RETURN_IF_ERROR(d.span_scores.Reserve(S, 0, false, stream));
-  RETURN_IF_ERROR(d.kept_tokens.Reserve(max_kept, 0, false, stream));
-  RETURN_IF_ERROR(d.kept_votes.Reserve(max_kept, 0, false, stream));
+  RETURN_IF_ERROR(d.span_scores.Reserve(S, 0, stream));
+  RETURN_IF_ERROR(d.kept_tokens.Reserve(max_kept, 0, stream));
+  RETURN_IF_ERROR(d.kept_votes.Reserve(max_kept, 0, stream));
   const int64_t bytes =
       static_cast<int64_t>(kc::SpanSelectWorkspaceBytes(S, max_kept, problem.num_heads, problem.k));
-  RETURN_IF_ERROR(d.select_workspace.Reserve(bytes, 0, false, stream));
+  RETURN_IF_ERROR(d.select_workspace.Reserve(bytes, 0, stream));
   // SpanSelect wants its counters and histograms zero; where they lie moves with the span count.
   RETURN_IF_ERROR(
       CudaStatus(cudaMemsetAsync(d.select_workspace.ptr, 0, bytes, stream), "cudaMemsetAsync"));

@@ -71,7 +71,7 @@ class CudaSpanIndex {
   // The index vectors of the layer's spans (what Select scores besides the kept tokens).
   int64_t NumIndexTokens(int64_t layer) const;
 
-  // Copies of the per-layer states (received attention and span index).
+  // The per-layer states (received attention and span index), current after each Observe.
   const std::vector<SelectionLayerState>& states() const { return states_; }
   // Replaces them (one per layer) and uploads the indexes; InvalidArgument when a state holds
   // more tokens than the provider. Waits for the stream.

@@ -172,6 +172,40 @@ __global__ void __launch_bounds__(kThreads) RowStatsKernel(Views v) {
   }
 }
 
+// Head h's row statistics of rows [r0, r0 + kTile) into sm / sz (zero past the chunk).
+__device__ __forceinline__ void LoadRowStats(const Views& v, int r0, int h, float* sm, float* sz) {
+  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+    const int row = r0 + i;
+    const bool in = row < v.num_new;
+    sm[i] = in ? v.row_max[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
+    sz[i] = in ? v.row_inv_sum[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
+  }
+}
+
+// The causal probabilities of a tile pair as pass 2's thread layout owns them: for row
+// part + 8 i and column 4 cg + j (col <= row < num_new), add(i, j, e, z) with e the row's
+// exponential and z its 1 / sum (their product is the probability; callers write the product
+// so that it is formed, and rounded, as before).
+template <int D, typename Add>
+__device__ __forceinline__ void ForTileProbabilities(const Views& v, const float (*sq)[D + 1],
+                                                     const float (*sk)[D + 1], const float* sm,
+                                                     const float* sz, int r0, int c0, int cg,
+                                                     int part, Add add) {
+  // s[i][j]: row part + 8 i, column 4 cg + j - the same products in the same order as pass 1.
+  float s[kQuad][kQuad];
+  QuadLogits<D>(sq, sk, part, kParts, kQuad * cg, 1, v.scale, s);
+#pragma unroll
+  for (int i = 0; i < kQuad; ++i) {
+    const int ri = part + kParts * i, row = r0 + ri;
+#pragma unroll
+    for (int j = 0; j < kQuad; ++j) {
+      const int col = c0 + kQuad * cg + j;
+      if (row >= v.num_new || col > row) continue;
+      add(i, j, expf(s[i][j] - sm[ri]), sz[ri]);
+    }
+  }
+}
+
 // Pass 2. Thread t owns columns 4 * (t / 8) + j of the tile and, in each query tile, rows
 // (t % 8) + 8 * i; the 8 threads of a column group add up by xor shuffles.
 template <int D, bool kFp8>
@@ -187,26 +221,10 @@ __global__ void __launch_bounds__(kThreads) ColumnsKernel(Views v) {
   for (int r0 = c0; r0 < v.num_new; r0 += kTile) {
     __syncthreads();
     LoadRotated<D, false, kFp8>(v, r0, h, sq);
-    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-      const int row = r0 + i;
-      const bool in = row < v.num_new;
-      sm[i] = in ? v.row_max[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
-      sz[i] = in ? v.row_inv_sum[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
-    }
+    LoadRowStats(v, r0, h, sm, sz);
     __syncthreads();
-    // s[i][j]: row part + 8 i, column 4 cg + j - the same products in the same order as pass 1.
-    float s[kQuad][kQuad];
-    QuadLogits<D>(sq, sk, part, kParts, kQuad * cg, 1, v.scale, s);
-#pragma unroll
-    for (int i = 0; i < kQuad; ++i) {
-      const int ri = part + kParts * i, row = r0 + ri;
-#pragma unroll
-      for (int j = 0; j < kQuad; ++j) {
-        const int col = c0 + kQuad * cg + j;
-        if (row >= v.num_new || col > row) continue;
-        acc[j] += expf(s[i][j] - sm[ri]) * sz[ri];
-      }
-    }
+    ForTileProbabilities<D>(v, sq, sk, sm, sz, r0, c0, cg, part,
+                            [&](int, int j, float e, float z) { acc[j] += e * z; });
   }
 #pragma unroll
   for (int j = 0; j < kQuad; ++j) {
@@ -245,25 +263,10 @@ __global__ void __launch_bounds__(kThreads) MapKernel(Views v, float* __restrict
       __syncthreads();  // the previous head's tiles are consumed
       if (h % group == 0) LoadRotated<D, true, kFp8>(v, c0, h / group, sk);
       LoadRotated<D, false, kFp8>(v, r0, h, sq);
-      for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-        const int row = r0 + i;
-        const bool in = row < v.num_new;
-        sm[i] = in ? v.row_max[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
-        sz[i] = in ? v.row_inv_sum[static_cast<int64_t>(h) * v.num_new + row] : 0.0f;
-      }
+      LoadRowStats(v, r0, h, sm, sz);
       __syncthreads();
-      float s[kQuad][kQuad];
-      QuadLogits<D>(sq, sk, part, kParts, kQuad * cg, 1, v.scale, s);
-#pragma unroll
-      for (int i = 0; i < kQuad; ++i) {
-        const int ri = part + kParts * i, row = r0 + ri;
-#pragma unroll
-        for (int j = 0; j < kQuad; ++j) {
-          const int col = c0 + kQuad * cg + j;
-          if (row >= v.num_new || col > row) continue;
-          acc[i][j] += expf(s[i][j] - sm[ri]) * sz[ri];
-        }
-      }
+      ForTileProbabilities<D>(v, sq, sk, sm, sz, r0, c0, cg, part,
+                              [&](int i, int j, float e, float z) { acc[i][j] += e * z; });
     }
   }
 #pragma unroll

@@ -256,6 +256,22 @@ __device__ int64_t VectorCount(double score, double neighbour, bool has_neighbou
   return min(max(count, min(min_vectors, upper)), upper);
 }
 
+// How many of n entries sorted by begin satisfy `before` (begin before some token), which holds
+// for a prefix of them: a binary search.
+template <typename Before>
+__device__ int CountBefore(int n, Before before) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (before(mid)) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 struct AssembleArgs {
   SpanDetectOutput out;
   Workspace w;
@@ -312,17 +328,7 @@ __global__ void __launch_bounds__(kBlock) AssembleKernel(AssembleArgs a) {
     if (i < K) {
       x = sorted[i] / c;
       y = sorted[i] % c;
-      int before = 0;  // gaps that begin before x
-      for (int lo = 0, hi = G; lo < hi;) {
-        const int mid = (lo + hi) / 2;
-        if (a.w.gaps[2 * mid] < x) {
-          before = mid + 1;
-          lo = mid + 1;
-        } else {
-          hi = mid;
-        }
-      }
-      pos = i + before;
+      pos = i + CountBefore(G, [&](int g) { return a.w.gaps[2 * g] < x; });
       gap = 0;
       score = TriangleScore(a.prefix, c, x, y);
       double neighbour = 0.0;
@@ -342,17 +348,7 @@ __global__ void __launch_bounds__(kBlock) AssembleKernel(AssembleArgs a) {
       const int g = i - K;
       x = a.w.gaps[2 * g];
       y = a.w.gaps[2 * g + 1];
-      int before = 0;  // kept spans that begin before x
-      for (int lo = 0, hi = K; lo < hi;) {
-        const int mid = (lo + hi) / 2;
-        if (sorted[mid] / c < x) {
-          before = mid + 1;
-          lo = mid + 1;
-        } else {
-          hi = mid;
-        }
-      }
-      pos = g + before;
+      pos = g + CountBefore(K, [&](int k) { return sorted[k] / c < x; });
       gap = 1;
       score = TriangleScore(a.prefix, c, x, y);
       count = min(a.options.min_vectors, static_cast<int64_t>(y - x + 1));
