@@ -17,13 +17,15 @@
 //   tokenselect_span the span index (optional): each chunk's attention map and span detection in
 //                    prefill; decode reads the index vectors, then the keys of the best spans'
 //                    tokens (4 k) for the exact soft vote
+//   tokenselect_span-hit  theta = -1 (optional), as tokenselect-hit: the span index is still built
+//                    every step, the selection reads no key
 // The copy bandwidth is a device-to-device cudaMemcpy of 2 GiB measured in the same run, counted
 // as bytes read + written per second (a read-only stream runs at about this rate).
 // Then batched decode (CudaModel::DecodeBatch: one GEMM pass for B requests): B sequences of
 // --batch_context tokens each, dense, decode tokens/s for B = 1, 8, 32.
 //   bench_generate_cuda [--tokens 131072] [--decode 64]
 //                       [--policies dense,tokenselect,tokenselect-hit] [--batch_context 2048]
-//   (--policies may also name quest, infllm and tokenselect_span)
+//   (--policies may also name quest, infllm, tokenselect_span and tokenselect_span-hit)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -102,11 +104,16 @@ int Main(int argc, char** argv) {
   const double kv_row = 2.0 * config.kv_dim();  // bytes of one token's keys (or values), a layer
   for (const std::string& policy_name :
        {std::string("dense"), std::string("tokenselect"), std::string("tokenselect-hit"),
-        std::string("quest"), std::string("infllm"), std::string("tokenselect_span")}) {
+        std::string("quest"), std::string("infllm"), std::string("tokenselect_span"),
+        std::string("tokenselect_span-hit")}) {
     if (("," + policies + ",").find("," + policy_name + ",") == std::string::npos) continue;
-    const bool always_hit = policy_name == "tokenselect-hit";
+    const std::string hit_suffix = "-hit";
+    const bool always_hit = policy_name.size() > hit_suffix.size() &&
+                            policy_name.compare(policy_name.size() - hit_suffix.size(),
+                                                hit_suffix.size(), hit_suffix) == 0;
     SelectionOptions sel;
-    sel.policy = *ParsePolicy(always_hit ? "tokenselect" : policy_name);
+    sel.policy = *ParsePolicy(
+        policy_name.substr(0, policy_name.size() - (always_hit ? hit_suffix.size() : 0)));
     sel.chunk_size = 512;
     if (always_hit) sel.theta = -1.0;
     auto provider = CudaSelectionAttention::Create(sel, config, options.max_tokens,
@@ -171,7 +178,7 @@ int Main(int argc, char** argv) {
         scan = 2.0 * n / sel.baselines.quest_page_size * kv_row;
       } else if (sel.policy == SelectionPolicyKind::kInfLlm) {
         scan = n / sel.baselines.infllm_block_size * sel.baselines.infllm_representatives * kv_row;
-      } else if (sel.policy == SelectionPolicyKind::kTokenSelectSpan) {
+      } else if (sel.policy == SelectionPolicyKind::kTokenSelectSpan && !always_hit) {
         // The index vectors, then the keys of the kept spans' tokens (the token budget).
         auto states = (*provider)->ExportLayerStates((*model)->stream());
         double vectors = 0;

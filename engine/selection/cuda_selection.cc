@@ -117,6 +117,7 @@ struct CudaSelectionAttention::Device {
   int32_t* cached_valid = nullptr;     // [L]
   int32_t* hit = nullptr;              // [L]
   int32_t* picks = nullptr;            // [L, k]
+  int32_t* num_picks = nullptr;        // [L]: tokenselect_span (its pick count is on the device)
   int64_t* counters = nullptr;         // [L, 2]: hits, misses
   // The attention list of the current layer.
   int32_t* indptr = nullptr;           // [2]
@@ -269,6 +270,11 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     RETURN_IF_ERROR(d.arena.Get(row, &d.query));
     RETURN_IF_ERROR(d.arena.Get(options.n_init + options.k + options.n_local, &d.selected));
     RETURN_IF_ERROR(d.arena.Get(1, &d.num_selected));
+    RETURN_IF_ERROR(d.arena.Get(layers * row, &d.cached_query));
+    RETURN_IF_ERROR(d.arena.Get(layers, &d.cached_valid));
+    RETURN_IF_ERROR(d.arena.Get(layers, &d.hit));
+    RETURN_IF_ERROR(d.arena.Get(layers * k, &d.picks));
+    RETURN_IF_ERROR(d.arena.Get(layers, &d.num_picks));
   } else if (scores_keys && !quest && d.max_candidates > k) {
     RETURN_IF_ERROR(d.arena.Get(row, &d.query));
     RETURN_IF_ERROR(d.arena.Get(d.max_candidates * heads, &d.logits));
@@ -382,33 +388,14 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
       kc::DeviceLength device_candidates;
       device_candidates.count = device_n;
       device_candidates.minus = static_cast<int32_t>(o.n_init + o.n_local);
-      const int64_t row = c.num_heads * c.head_dim;
       RETURN_IF_ERROR(BuildStepQuery(o, c, query, d.query));
       const int32_t* skip = nullptr;
       int32_t* picks = d.prefill_picks;
       if (decode) {  // through the layer's selection cache
-        // The cosine is over all heads: under tensor parallelism the ranks' queries are
-        // gathered first (each rank writes its slice of a zeroed buffer and the sum fills in
-        // the rest exactly), so every rank checks the same vectors and decides alike.
-        const float* check_query = d.query;
-        const int64_t dim = row * tp_size_;
-        if (tp != nullptr) {
-          RETURN_IF_ERROR(CudaStatus(
-              kc::PlaceSlice(d.full_query, dim, d.query, tp->rank() * row, row, s), "PlaceSlice"));
-          RETURN_IF_ERROR(tp->AllReduceSum(d.full_query, dim, s));
-          check_query = d.full_query;
-        }
-        kc::CacheCheckParams cp;
-        cp.hit = d.hit + query.layer;
-        cp.cached_query = d.cached_query + query.layer * dim;
-        cp.cached_valid = d.cached_valid + query.layer;
-        cp.query = check_query;
-        cp.dim = dim;
-        cp.theta = static_cast<float>(o.theta);
-        RETURN_IF_ERROR(CudaStatus(kc::SelectionCacheCheck(cp, s), "SelectionCacheCheck"));
-        skip = cp.hit;
+        RETURN_IF_ERROR(CheckSelectionCache(query, tp));
+        skip = d.hit + query.layer;
         picks = d.picks + query.layer * std::min(o.k, d.max_candidates);
-        lp.hit = cp.hit;
+        lp.hit = skip;
         lp.counters = d.counters + 2 * query.layer;
       }
       kc::KeyScoreParams sp;
@@ -609,6 +596,32 @@ absl::Status CudaSelectionAttention::SelectQuest(const CudaAttentionQuery& query
   return ListFromSelected(query);
 }
 
+absl::Status CudaSelectionAttention::CheckSelectionCache(const CudaAttentionQuery& query,
+                                                         CudaTensorParallel* tp) {
+  Device& d = *dev_;
+  cudaStream_t s = query.stream;
+  // The cosine is over all heads: under tensor parallelism the ranks' queries are gathered first
+  // (each rank writes its slice of a zeroed buffer and the sum fills in the rest exactly), so
+  // every rank checks the same vectors and decides alike.
+  const int64_t row = config_.num_heads * config_.head_dim;
+  const int64_t dim = row * tp_size_;
+  const float* check_query = d.query;
+  if (tp != nullptr) {
+    RETURN_IF_ERROR(CudaStatus(kc::PlaceSlice(d.full_query, dim, d.query, tp->rank() * row, row, s),
+                               "PlaceSlice"));
+    RETURN_IF_ERROR(tp->AllReduceSum(d.full_query, dim, s));
+    check_query = d.full_query;
+  }
+  kc::CacheCheckParams cp;
+  cp.hit = d.hit + query.layer;
+  cp.cached_query = d.cached_query + query.layer * dim;
+  cp.cached_valid = d.cached_valid + query.layer;
+  cp.query = check_query;
+  cp.dim = dim;
+  cp.theta = static_cast<float>(options_.theta);
+  return CudaStatus(kc::SelectionCacheCheck(cp, s), "SelectionCacheCheck");
+}
+
 absl::Status CudaSelectionAttention::ListFromSelected(const CudaAttentionQuery& query) {
   Device& d = *dev_;
   const SelectionOptions& o = options_;
@@ -702,8 +715,26 @@ absl::Status CudaSelectionAttention::SelectSpan(const CudaAttentionQuery& query)
   kc::SelectionOutput out;
   out.tokens = d.selected;
   out.num_selected = d.num_selected;
-  RETURN_IF_ERROR(spans_->Select(query.layer, StepProblem(options_, config_, query, d.query), out,
-                                 query.stream));
+  const kc::SelectionProblem problem = StepProblem(options_, config_, query, d.query);
+  // Decode goes through the layer's selection cache, as on the CPU: a hit skips SpanSelect (no
+  // key read) and reuses the stored picks; a miss stores SpanSelect's.
+  const int64_t layer = query.layer;
+  const int32_t* hit = nullptr;
+  if (query.num_new == 1) {
+    RETURN_IF_ERROR(CheckSelectionCache(query, nullptr));
+    hit = d.hit + layer;
+  }
+  RETURN_IF_ERROR(spans_->Select(layer, problem, out, hit, query.stream));
+  if (hit != nullptr) {
+    kc::CachedSelectionParams cp;
+    cp.out = out;
+    cp.picks = d.picks + layer * std::min(options_.k, d.max_candidates);
+    cp.num_picks = d.num_picks + layer;
+    cp.hit = hit;
+    cp.counters = d.counters + 2 * layer;
+    cp.problem = problem;
+    RETURN_IF_ERROR(CudaStatus(kc::ApplySelectionCache(cp, query.stream), "ApplySelectionCache"));
+  }
   return ListFromSelected(query);
 }
 
@@ -802,7 +833,14 @@ absl::StatusOr<std::vector<int32_t>> CudaSelectionAttention::LayerPicks(
   RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(picks.data(), dev_->picks + layer * k, k * 4,
                                              cudaMemcpyDeviceToHost, stream),
                              "picks copy"));
+  int32_t count = static_cast<int32_t>(k);
+  if (dev_->num_picks != nullptr) {
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(&count, dev_->num_picks + layer, 4, cudaMemcpyDeviceToHost, stream),
+        "picks copy"));
+  }
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "picks copy"));
+  picks.resize(static_cast<size_t>(std::clamp<int64_t>(count, 0, k)));
   return picks;
 }
 

@@ -37,7 +37,9 @@
 //                                              query -> span scores over the index vectors ->
 //                                              spans best first into the token budget -> the
 //                                              exact soft vote over their tokens (SpanSelect);
-//                                              one GPU, bf16 keys, no selection cache yet
+//                                              decode through the selection cache (a hit
+//                                              skips SpanSelect; ApplySelectionCache reuses
+//                                              the picks); one GPU, bf16 keys
 // Other policies (head_vote, cascade) have no GPU provider yet, and the
 // scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
 // Unimplemented naming the policy (or the shape) otherwise. Quest keeps its page bounds per layer:
@@ -121,7 +123,7 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   // The same per layer ([num_layers]), for the decode worker's per-layer metrics.
   absl::StatusOr<std::vector<SelectionCacheCounters>> LayerCacheCounters(
       cudaStream_t stream) const;
-  // The picks (candidate offsets from n_init, ascending) a layer's last selection stored, for
+  // The picks (candidate offsets from n_init, ascending) a layer's selection cache holds, for
   // tests (waits for the stream).
   absl::StatusOr<std::vector<int32_t>> LayerPicks(int64_t layer, cudaStream_t stream) const;
 
@@ -152,6 +154,10 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   absl::Status SelectInfLlm(const CudaAttentionQuery& query);
   // tokenselect_span's selection over the layer's span index (spans_).
   absl::Status SelectSpan(const CudaAttentionQuery& query);
+  // The step's selection query (d.query) against the layer's selection-cache entry: the hit
+  // flag d.hit[layer] on the device (the entry is replaced on a miss). tp: the rank's group
+  // under tensor parallelism, else nullptr.
+  absl::Status CheckSelectionCache(const CudaAttentionQuery& query, CudaTensorParallel* tp);
   // The list from the selected set (Quest's, InfLLM's and the span index's selected /
   // num_selected buffers).
   absl::Status ListFromSelected(const CudaAttentionQuery& query);

@@ -396,7 +396,8 @@ absl::Status CudaSpanIndex::Observe(const CudaAttentionQuery& query) {
 }
 
 absl::Status CudaSpanIndex::Select(int64_t layer, const kc::SelectionProblem& problem,
-                                   const kc::SelectionOutput& out, cudaStream_t stream) {
+                                   const kc::SelectionOutput& out, const int32_t* skip,
+                                   cudaStream_t stream) {
   Device& d = *dev_;
   const SpanIndex& index = states_[static_cast<size_t>(layer)].spans;
   Device::Layer& l = d.layers[static_cast<size_t>(layer)];
@@ -427,6 +428,7 @@ absl::Status CudaSpanIndex::Select(int64_t layer, const kc::SelectionProblem& pr
   sp.token_budget = SpanTokenBudget(options_);
   sp.max_kept = max_kept;
   sp.workspace = d.select_workspace.ptr;
+  sp.skip = skip;
   return CudaStatus(kc::SpanSelect(sp, stream), "SpanSelect");
 }
 

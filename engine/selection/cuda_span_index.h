@@ -64,9 +64,11 @@ class CudaSpanIndex {
   // step has more than one token.
   absl::Status Observe(const CudaAttentionQuery& query);
 
-  // SpanSelect over the layer's index into `out` (problem: the step's, from StepProblem).
+  // SpanSelect over the layer's index into `out` (problem: the step's, from StepProblem); skip:
+  // SpanSelectParams::skip (a selection-cache hit flag on the device) or nullptr.
   absl::Status Select(int64_t layer, const kernels::cuda::SelectionProblem& problem,
-                      const kernels::cuda::SelectionOutput& out, cudaStream_t stream);
+                      const kernels::cuda::SelectionOutput& out, const int32_t* skip,
+                      cudaStream_t stream);
 
   // The index vectors of the layer's spans (what Select scores besides the kept tokens).
   int64_t NumIndexTokens(int64_t layer) const;

@@ -102,6 +102,10 @@ struct SpanSelectParams {
   // the host). A smaller value than the true m truncates the kept list (num_kept says so).
   int64_t max_kept = 0;
   void* workspace = nullptr;  // SpanSelectWorkspaceBytes(); zeroed once after allocation
+  // Optional [1] (a selection-cache hit, SelectionCacheCheck): when *skip != 0 no key is read and
+  // the selected set is not written (the diagnostics are then unspecified); the sort still runs
+  // (CUB takes its length from the host), over the workspace as it is.
+  const int32_t* skip = nullptr;
 };
 
 // The bound for max_kept from host copies of the index arrays: min(candidates, token_budget +
@@ -118,6 +122,26 @@ size_t SpanSelectWorkspaceBytes(int64_t num_spans, int64_t max_kept, int64_t num
 // ranges in index order (overlaps merged); the kept list; ScoreKeys over it; soft-vote
 // statistics over the first m entries; VoteFromLogits; TopK; the output.
 cudaError_t SpanSelect(const SpanSelectParams& params, cudaStream_t stream);
+
+// The selection cache (selection.h's SelectionCacheCheck) for the launchers here, whose picks'
+// count is known on the device only: the entry is the picks (the selected set's tokens in
+// [n_init, N - n_local) when it was stored, as offsets from n_init, ascending: selection.h's
+// picks). A lookup runs SelectionCacheCheck, then
+// the launcher with skip = the hit flag, then ApplySelectionCache:
+//   - a miss (*hit == 0): the launcher wrote the selected set; its picks become the entry;
+//   - a hit: the selected set is [0, n_init) + the entry's picks below N - n_local +
+//     [N - n_local, N) for the current N (picks in the window or past N, possible only when N
+//     shrank, are dropped, as engine/selection/selection_cache.h says).
+// counters (optional, [2]) get += hit and += 1 - hit. One block; nothing waits for the host.
+struct CachedSelectionParams {
+  SelectionOutput out;
+  int32_t* picks = nullptr;      // [k]: the entry's picks, offsets from n_init, ascending
+  int32_t* num_picks = nullptr;  // [1]
+  const int32_t* hit = nullptr;  // [1]
+  int64_t* counters = nullptr;
+  SelectionProblem problem;  // num_tokens, n_init, k, n_local used; not a covering budget
+};
+cudaError_t ApplySelectionCache(const CachedSelectionParams& params, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // quest.

@@ -4,7 +4,7 @@
 // AssembleKernel writes [0, n_init) + the picked units' tokens + [N - n_local, N): units are
 // ascending and only the last can be short, so entry p maps to a unit by division.
 // SelectAllKernel writes [0, N) for a covering budget (no key read). Both are grid-stride loops of
-// 256 threads, at most 1024 blocks.
+// 256 threads, at most 1024 blocks. CachedSelectionKernel (one block) is ApplySelectionCache.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@ namespace span_internal {
 namespace {
 
 __global__ void AssembleKernel(AssembleArgs a) {
+  if (Skipped(a.skip)) return;
   const int64_t np = a.num_picks_dev != nullptr ? *a.num_picks_dev : a.num_picks_host;
   auto unit_of = [&](int64_t i) -> int64_t {
     const int64_t pick = a.picks[i];
@@ -122,6 +123,63 @@ AssembleArgs BaseAssemble(const SelectionOutput& out, const SelectionProblem& p)
 }
 
 }  // namespace span_internal
+
+namespace {
+
+constexpr int kCacheThreads = 1024;
+
+// One block. A miss copies the selected set's middle (its picks) into the entry; a hit counts the
+// entry's picks below the local window (they are ascending) and writes the set around them.
+__global__ void __launch_bounds__(kCacheThreads) CachedSelectionKernel(CachedSelectionParams p) {
+  __shared__ int s_kept;
+  const int64_t n_init = p.problem.n_init, n_local = p.problem.n_local;
+  const int64_t local_begin = p.problem.num_tokens - n_local;
+  const bool hit = *p.hit != 0;
+  if (threadIdx.x == 0 && p.counters != nullptr) ++p.counters[hit ? 0 : 1];
+  if (!hit) {
+    const int64_t np = *p.out.num_selected - n_init - n_local;
+    if (threadIdx.x == 0) *p.num_picks = static_cast<int32_t>(np);
+    for (int64_t i = threadIdx.x; i < np; i += blockDim.x) {
+      p.picks[i] = p.out.tokens[n_init + i] - static_cast<int32_t>(n_init);
+    }
+    return;
+  }
+  const int np = *p.num_picks;
+  const int64_t window = local_begin - n_init;  // the window's first token as an offset
+  if (threadIdx.x == 0) s_kept = 0;
+  __syncthreads();
+  // The first pick at or past the window: the one whose predecessor is below it.
+  for (int i = threadIdx.x; i < np; i += blockDim.x) {
+    if (p.picks[i] >= window && (i == 0 || p.picks[i - 1] < window)) s_kept = i + 1;
+  }
+  __syncthreads();
+  const int64_t kept = s_kept == 0 ? np : s_kept - 1;
+  const int64_t total = n_init + kept + n_local;
+  if (threadIdx.x == 0) *p.out.num_selected = static_cast<int32_t>(total);
+  for (int64_t j = threadIdx.x; j < total; j += blockDim.x) {
+    int64_t v;
+    if (j < n_init) {
+      v = j;
+    } else if (j < n_init + kept) {
+      v = n_init + p.picks[j - n_init];
+    } else {
+      v = local_begin + (j - n_init - kept);
+    }
+    p.out.tokens[j] = static_cast<int32_t>(v);
+  }
+}
+
+}  // namespace
+
+cudaError_t ApplySelectionCache(const CachedSelectionParams& p, cudaStream_t stream) {
+  if (p.out.tokens == nullptr || p.out.num_selected == nullptr || p.picks == nullptr ||
+      p.num_picks == nullptr || p.hit == nullptr || p.problem.n_init < 0 || p.problem.k < 0 ||
+      p.problem.n_local < 0 || span_internal::Covers(p.problem)) {
+    return cudaErrorInvalidValue;
+  }
+  CachedSelectionKernel<<<1, kCacheThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 int64_t SelectionCapacity(const SelectionProblem& p) {
   return std::min(p.num_tokens, p.n_init + p.k + p.n_local);

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/device_length.h"
 #include "kernels/cuda/kv_cache_load.cuh"
 #include "kernels/cuda/span_scoring.h"
 
@@ -153,12 +154,14 @@ struct GroupScoreArgs {
   int num_heads = 0;
   int num_kv_heads = 0;
   float scale = 1.0f;
+  const int32_t* skip = nullptr;  // optional [1]: when *skip != 0, write nothing
 };
 
 template <int D, int G, bool kSpan, bool kFp8>
 __global__ void __launch_bounds__(kThreads) GroupScoreKernel(GroupScoreArgs a) {
   // A lane's 8 elements of a key: 16 B of bf16 or 8 B of e4m3.
   using Raw = std::conditional_t<kFp8, uint2, uint4>;
+  if (Skipped(a.skip)) return;
   const Raw* keys = static_cast<const Raw*>(a.keys);
   constexpr int L = D / 8;
   constexpr int KPW = 32 / L;
@@ -302,6 +305,7 @@ struct AssembleArgs {
   int64_t n_init = 0;
   int64_t num_tokens = 0;
   int64_t n_local = 0;
+  const int32_t* skip = nullptr;  // optional [1]: when *skip != 0, write nothing
 };
 
 // AssembleKernel: [0, n_init) + the picked units' tokens + [N - n_local, N) and the count.

@@ -24,6 +24,9 @@
 //     TopK over max_kept then returns the real picks first, and the first min(m, k) are the picks.
 //     No host round trip for m, at the cost of scoring up to token_budget padded rows (L2 hits of
 //     one slot).
+//   - With a skip flag set (a selection-cache hit: span_scoring.h's ApplySelectionCache) every
+//     kernel returns at once; CUB's sort still runs (its length comes from the host) over the
+//     workspace that CudaSpanIndex zeroes before each call.
 //
 // Measured (H200, Llama-3-8B shape, budget 128 / 2048 / 512, span budget 8192, one CUDA graph,
 // L2 cold; bench_span_cuda): at N = 1M SpanSelect takes 0.125 ms against 0.681 ms for the exact
@@ -92,12 +95,14 @@ struct ChooseArgs {
   int64_t budget = 0;
   int64_t k = 0;
   int64_t max_kept = 0;
+  const int32_t* skip = nullptr;
 };
 
 __global__ void __launch_bounds__(kChooseThreads) ChooseSpansKernel(ChooseArgs a) {
   using ScanI64 = cub::BlockScan<long long, kChooseThreads>;
   using ScanInt = cub::BlockScan<int, kChooseThreads>;
   using ReduceInt = cub::BlockReduce<int, kChooseThreads>;
+  if (Skipped(a.skip)) return;
   __shared__ typename ScanI64::TempStorage scan64;
   __shared__ typename ScanI64::TempStorage scan64b;
   __shared__ typename ScanInt::TempStorage scan_int;
@@ -252,7 +257,8 @@ __global__ void KeptListKernel(int32_t* kept_tokens, int32_t* kept_slots,
                                const int32_t* __restrict__ ivl_offset,
                                const int32_t* __restrict__ counters,
                                const int32_t* __restrict__ slots, int64_t max_kept,
-                               int64_t pad_token) {
+                               int64_t pad_token, const int32_t* skip) {
+  if (Skipped(skip)) return;
   const int num_intervals = counters[0];
   const int m = counters[1];
   const int32_t pad_slot = slots[pad_token];
@@ -277,8 +283,9 @@ __global__ void KeptListKernel(int32_t* kept_tokens, int32_t* kept_slots,
 
 // Per block of entries and head: (max, sum exp(s - max)) over entries < m; entries >= m get
 // logits -inf. Block: x over heads (strided), y over entries.
-__global__ void KeptStatsKernel(float* logits, float2* partial, const int32_t* counters,
-                                int64_t n, int num_heads, int64_t chunk) {
+__global__ void KeptStatsKernel(float* logits, float2* partial, const int32_t* counters, int64_t n,
+                                int num_heads, int64_t chunk, const int32_t* skip) {
+  if (Skipped(skip)) return;
   __shared__ float2 sm[8][32];
   const int64_t m = counters[1];
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
@@ -321,8 +328,9 @@ __global__ void KeptStatsKernel(float* logits, float2* partial, const int32_t* c
 // Block (32, 32): x over heads, y over the partials (strided; loads in flight together), then a
 // fixed-order combine over y.
 __global__ void CombineStatsKernel(float* head_max, float* head_inv_sum,
-                                   const float2* __restrict__ partial, int blocks,
-                                   int num_heads) {
+                                   const float2* __restrict__ partial, int blocks, int num_heads,
+                                   const int32_t* skip) {
+  if (Skipped(skip)) return;
   __shared__ float2 sm[32][33];
   for (int h0 = 0; h0 < num_heads; h0 += 32) {
     const int h = h0 + threadIdx.x;
@@ -445,10 +453,15 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
       p.token_budget < 0 || p.max_kept < 0 || p.max_kept > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
-  if (Covers(pr)) return LaunchSelectAll(p.out, pr.num_tokens, stream);
+  if (Covers(pr)) {
+    // No lookup when the budget covers the cache (selection_cache.h), so no skip either.
+    if (p.skip != nullptr) return cudaErrorInvalidValue;
+    return LaunchSelectAll(p.out, pr.num_tokens, stream);
+  }
   const int64_t begin = pr.n_init;
   const int64_t end = pr.num_tokens - pr.n_local;
   AssembleArgs asm_args = BaseAssemble(p.out, pr);
+  asm_args.skip = p.skip;
   if (pr.k == 0) {  // the CPU policy scores nothing
     TS_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(p.span_scores, 0xff, ix.num_spans * sizeof(float), stream));
@@ -480,6 +493,7 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   g.num_heads = static_cast<int>(pr.num_heads);
   g.num_kv_heads = static_cast<int>(pr.num_kv_heads);
   g.scale = pr.scale;
+  g.skip = p.skip;
   TS_CUDA_RETURN_IF_ERROR(LaunchGroupScore<true>(g, pr.head_dim, stream));
 
   // 2. Best first, then the budget walk and the kept intervals.
@@ -507,6 +521,7 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   ch.budget = p.token_budget;
   ch.k = pr.k;
   ch.max_kept = p.max_kept;
+  ch.skip = p.skip;
   ChooseSpansKernel<<<1, kChooseThreads, 0, stream>>>(ch);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
@@ -519,8 +534,9 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   asm_args.begin = 0;
   asm_args.end = pr.num_tokens;
   if (n == 0) return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
-  KeptListKernel<<<GridFor(n, 256, 2048), 256, 0, stream>>>(
-      p.kept_tokens, w.kept_slots, w.ivl_begin, w.ivl_offset, w.counters, pr.slots, n, begin);
+  KeptListKernel<<<GridFor(n, 256, 2048), 256, 0, stream>>>(p.kept_tokens, w.kept_slots,
+                                                            w.ivl_begin, w.ivl_offset, w.counters,
+                                                            pr.slots, n, begin, p.skip);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   KeyScoreParams sp;
   sp.logits = w.logits;
@@ -535,14 +551,15 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   sp.num_kv_heads = pr.num_kv_heads;
   sp.head_dim = pr.head_dim;
   sp.scale = pr.scale;
+  sp.skip = p.skip;
   TS_CUDA_RETURN_IF_ERROR(ScoreKeys(sp, stream));
   const int stat_blocks = GridFor(n, 64, kMaxStatBlocks);
   const int64_t chunk = (n + stat_blocks - 1) / stat_blocks;
   KeptStatsKernel<<<stat_blocks, dim3(32, 8), 0, stream>>>(
-      w.logits, w.partial, w.counters, n, static_cast<int>(pr.num_heads), chunk);
+      w.logits, w.partial, w.counters, n, static_cast<int>(pr.num_heads), chunk, p.skip);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  CombineStatsKernel<<<1, dim3(32, 32), 0, stream>>>(w.head_max, w.head_inv_sum, w.partial, stat_blocks,
-                                            static_cast<int>(pr.num_heads));
+  CombineStatsKernel<<<1, dim3(32, 32), 0, stream>>>(
+      w.head_max, w.head_inv_sum, w.partial, stat_blocks, static_cast<int>(pr.num_heads), p.skip);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   VoteParams vp;
   vp.vote = p.kept_votes;
@@ -552,6 +569,7 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   vp.n = n;
   vp.num_heads = pr.num_heads;
   vp.mode = VoteMode::kSoftVote;
+  vp.skip = p.skip;
   TS_CUDA_RETURN_IF_ERROR(VoteFromLogits(vp, stream));
   TopKParams tp;
   tp.out = w.topk_out;
@@ -559,6 +577,7 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   tp.workspace = w.topk_ws;
   tp.n = n;
   tp.k = pr.k;
+  tp.skip = p.skip;
   TS_CUDA_RETURN_IF_ERROR(TopK(tp, stream));
   return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
 }

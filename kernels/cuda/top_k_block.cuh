@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/device_length.h"
 #include "kernels/cuda/top_k_digit.cuh"
 
 namespace tokenselect::kernels::cuda::top_k_block {
@@ -152,11 +153,6 @@ __device__ __forceinline__ uint32_t WarpAppend(bool take, uint32_t* counter) {
   if (lane == leader) first = atomicAdd(counter, __popc(mask));
   first = __shfl_sync(0xffffffffu, first, leader);
   return first + __popc(mask & ((1u << lane) - 1u));
-}
-
-// The skip flag (selection.h): every kernel returns at once when it is set.
-__device__ __forceinline__ bool Skipped(const int32_t* skip) {
-  return skip != nullptr && *skip != 0;
 }
 
 struct Digit {

@@ -338,20 +338,25 @@ absl::Status ObserveOnCpu(const SelectionPolicy& policy, const CudaSelectionTest
 }
 
 // A stateful policy over a prompt in chunks and then decode steps, on the GPU provider and on
-// the CPU policy (its Select, then ObserveChunk of the step, as SelectionAttention calls them);
-// each step's list must equal the CPU's up to `tolerance` entries (a near-tie flip), and the
-// steps that differ are counted.
+// the CPU policy (its Select - through a SelectionCache on decode steps when the policy uses one
+// - then ObserveChunk of the step, as SelectionAttention calls them); each step's list must
+// equal the CPU's up to `tolerance` entries (a near-tie flip), and the steps that differ are
+// counted. Queries are random, except with drift > 0, where each layer's decode query drifts
+// from step to step (by drift, and 6 x drift every fifth step) so that the cache both hits and
+// misses at theta 0.9.
 struct StatefulRun {
   std::unique_ptr<CudaSelectionAttention> provider;
   std::vector<SelectionLayerState> cpu_state;
+  SelectionCacheCounters cpu_cache;
   int64_t flips = 0, selecting = 0;
 };
 
 StatefulRun RunStatefulSteps(CudaSelectionTest* t, const SelectionOptions& opt, int64_t chunk,
                              int64_t prompt, int64_t steps, int64_t total, int64_t tolerance,
-                             std::mt19937* rng) {
+                             std::mt19937* rng, float drift = 0.0f) {
   const ModelConfig& config = t->config();
   StatefulRun run;
+  SelectionCache cache(config.num_layers, opt.theta);
   auto provider = CudaSelectionAttention::Create(opt, config, total, chunk);
   EXPECT_TRUE(provider.ok()) << provider.status();
   if (!provider.ok()) return run;
@@ -368,16 +373,31 @@ StatefulRun RunStatefulSteps(CudaSelectionTest* t, const SelectionOptions& opt, 
     in.state = &run.cpu_state[static_cast<size_t>(layer)];
     SelectionResult result;
     SelectionScratch scratch;
-    EXPECT_TRUE((*policy)->Select(in, &result, &scratch).ok());
+    if (m == 1 && (*policy)->uses_selection_cache()) {
+      EXPECT_TRUE(cache.Select(layer, **policy, in, &result, &scratch).ok());
+    } else {
+      EXPECT_TRUE((*policy)->Select(in, &result, &scratch).ok());
+    }
     EXPECT_TRUE(ObserveOnCpu(**policy, *t, layer, cached, q, m, in.state).ok());
     AttentionList cpu;
     EXPECT_TRUE(BuildAttentionList(result.tokens, t->slots(), cached, m, &cpu).ok());
     return cpu;
   };
+  std::vector<std::vector<float>> decode_q(static_cast<size_t>(config.num_layers));
+  std::normal_distribution<float> normal(0.0f, std::max(drift, 1e-6f));
   for (int64_t cached = 0; cached < prompt + steps;) {
     const int64_t m = cached < prompt ? std::min(chunk, prompt - cached) : 1;
     for (int64_t layer = 0; layer < config.num_layers; ++layer) {
-      const std::vector<float> q = t->RandomQ(m, rng);
+      std::vector<float> q;
+      std::vector<float>& last = decode_q[static_cast<size_t>(layer)];
+      if (m == 1 && drift > 0.0f && !last.empty()) {
+        const float step = (cached - prompt) % 5 == 4 ? 6.0f : 1.0f;
+        for (float& x : last) x = RoundBf16(x + step * normal(*rng));
+        q = last;
+      } else {
+        q = t->RandomQ(m, rng);
+        if (m == 1) last = q;
+      }
       const AttentionList gpu = t->RunGpu(run.provider.get(), layer, cached, q, m);
       const AttentionList cpu = cpu_step(layer, cached, q, m);
       const int64_t mismatches = CudaSelectionTest::Mismatches(gpu, cpu);
@@ -387,6 +407,7 @@ StatefulRun RunStatefulSteps(CudaSelectionTest* t, const SelectionOptions& opt, 
     }
     cached += m;
   }
+  run.cpu_cache = cache.total_counters();
   return run;
 }
 
@@ -570,6 +591,57 @@ TEST_P(CudaSelectionTest, SpanIndexStepsMatchTheCpuAndItsStateCarriesOver) {
   // provider that imports the host state.
   ExpectStateCarriesOver(this, opt, run.provider.get(), total, chunk,
                          prompt + steps + chunk / 2 + chunk, &rng);
+}
+
+// tokenselect_span's decode steps go through the selection cache as on the CPU: with decode
+// queries that drift, the GPU's hits and misses equal the CPU SelectionCache's (theta 0.9: both;
+// -1: a hit after each layer's first lookup; 1.01: never), and each step's list equals the CPU
+// policy's (a hit reuses the stored picks around the current windows).
+TEST_P(CudaSelectionTest, SpanDecodeStepsThroughTheCacheMatchTheCpu) {
+  const int64_t chunk = 37, prompt = 20 * chunk, steps = 30;
+  const int64_t total = prompt + steps;
+  for (const double theta : {0.9, -1.0, 1.01}) {
+    std::mt19937 rng(43);
+    SetUpCache(total, &rng);
+    SelectionOptions opt;
+    opt.policy = SelectionPolicyKind::kTokenSelectSpan;
+    opt.n_init = 8;
+    opt.k = 64;
+    opt.n_local = 32;
+    opt.chunk_size = chunk;
+    opt.theta = theta;
+    StatefulRun run = RunStatefulSteps(this, opt, chunk, prompt, steps, total, 2, &rng, 0.15f);
+    ASSERT_NE(run.provider, nullptr);
+    EXPECT_LE(run.flips, 2) << "theta " << theta;
+    auto gpu = run.provider->CacheCounters(nullptr);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    const SelectionCacheCounters& cpu = run.cpu_cache;
+    std::printf(
+        "tokenselect_span theta %.2f: %lld hits, %lld misses (CPU %lld/%lld); %lld of "
+        "%lld selecting layer steps differ\n",
+        theta, static_cast<long long>(gpu->hits), static_cast<long long>(gpu->misses),
+        static_cast<long long>(cpu.hits), static_cast<long long>(cpu.misses),
+        static_cast<long long>(run.flips), static_cast<long long>(run.selecting));
+    EXPECT_EQ(gpu->hits, cpu.hits) << "theta " << theta;
+    EXPECT_EQ(gpu->misses, cpu.misses) << "theta " << theta;
+    EXPECT_EQ(cpu.lookups(), steps * config_.num_layers);
+    if (theta == -1.0) {
+      EXPECT_EQ(cpu.misses, config_.num_layers);
+    }
+    if (theta > 1.0) {
+      EXPECT_EQ(cpu.hits, 0);
+    }
+    if (theta == 0.9) {
+      EXPECT_GT(cpu.hits, 0);
+      EXPECT_GT(cpu.misses, config_.num_layers);
+    }
+    for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+      auto picks = run.provider->LayerPicks(layer, nullptr);
+      ASSERT_TRUE(picks.ok()) << picks.status();
+      EXPECT_LE(static_cast<int64_t>(picks->size()), opt.k);
+      EXPECT_TRUE(std::is_sorted(picks->begin(), picks->end()));
+    }
+  }
 }
 
 TEST_P(CudaSelectionTest, RefusesPoliciesWithoutGpuKernelsAndBadSteps) {

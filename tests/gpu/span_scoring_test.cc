@@ -28,6 +28,7 @@
 
 #include "engine/selection/key_scores.h"
 #include "engine/selection/layer_state.h"
+#include "engine/selection/selected_set.h"
 #include "engine/selection/selection_policy.h"
 #include "engine/selection/soft_vote.h"
 #include "engine/selection/span_detection.h"
@@ -333,6 +334,75 @@ engine::SpanIndex BuildIndex(int64_t index_end, const engine::SpanOptions& opt, 
   return index;
 }
 
+// The selection cache around SpanSelect (ApplySelectionCache), after `sp` selected `selected`
+// (the CPU policy's result `cpu` for the same step, up to near-ties):
+//   - a miss stores the selected set's picks as offsets from n_init and leaves the set alone;
+//   - a hit skips SpanSelect (the poisoned output stays unwritten) and rebuilds the set from the
+//     stored picks for the same N, a longer one and a shorter one whose local window holds some
+//     picks, as the CPU's AssembleSelection does;
+//   - counters count the two; a covering budget is refused (no lookup there).
+void ExpectCacheRoundTrip(SpanSelectParams sp, const std::vector<int32_t>& selected,
+                          DeviceBuffer<int32_t>* d_tokens, DeviceBuffer<int32_t>* d_count) {
+  const SelectionProblem& pr = sp.problem;
+  const int64_t n = pr.num_tokens;
+  DeviceBuffer<int32_t> picks(static_cast<size_t>(std::max<int64_t>(pr.k, 1))), num_picks(1);
+  DeviceBuffer<int32_t> hit(std::vector<int32_t>{0});
+  DeviceBuffer<int64_t> counters(2);
+  picks.Poison();
+  num_picks.Poison();
+  counters.Zero();
+  CachedSelectionParams cp;
+  cp.out = sp.out;
+  cp.picks = picks.get();
+  cp.num_picks = num_picks.get();
+  cp.hit = hit.get();
+  cp.counters = counters.get();
+  cp.problem = pr;
+  ASSERT_EQ(ApplySelectionCache(cp, nullptr), cudaSuccess);
+  ASSERT_EQ(DownloadSelection(*d_tokens, *d_count, n), selected) << "a miss keeps the set";
+  std::vector<int32_t> stored;  // the picks as tokens
+  for (int32_t t : selected) {
+    if (t >= pr.n_init && t < n - pr.n_local) stored.push_back(t);
+  }
+  const int32_t np = num_picks.Download()[0];
+  ASSERT_EQ(np, static_cast<int32_t>(stored.size()));
+  const std::vector<int32_t> entry = picks.Download();
+  for (int32_t i = 0; i < np; ++i) ASSERT_EQ(entry[i] + pr.n_init, stored[i]) << "pick " << i;
+
+  hit.Upload({1});
+  sp.skip = hit.get();
+  d_tokens->Poison();
+  d_count->Poison();
+  ASSERT_EQ(SpanSelect(sp, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(d_count->Download()[0], -1) << "a skipped SpanSelect wrote its count";
+  for (int32_t v : d_tokens->Download()) ASSERT_EQ(v, -1) << "a skipped SpanSelect wrote";
+  // The same N, a longer one, and a shorter one (a rollback) whose window holds some picks.
+  std::vector<int64_t> lengths{n, n + 5};
+  for (int32_t t : stored) {
+    if (t > pr.n_init + pr.k && t != stored.back()) {
+      lengths.push_back(t + pr.n_local);
+      break;
+    }
+  }
+  for (const int64_t n2 : lengths) {
+    cp.problem.num_tokens = n2;
+    engine::SelectionResult want;
+    engine::AssembleSelection(n2, pr.n_init, pr.n_local, stored, &want);
+    DeviceBuffer<int32_t> tokens(static_cast<size_t>(SelectionCapacity(cp.problem) + 3)), count(1);
+    tokens.Poison();
+    cp.out.tokens = tokens.get();
+    cp.out.num_selected = count.get();
+    ASSERT_EQ(ApplySelectionCache(cp, nullptr), cudaSuccess);
+    EXPECT_EQ(DownloadSelection(tokens, count, n2), want.tokens) << "a hit at N = " << n2;
+  }
+  EXPECT_EQ(counters.Download(), (std::vector<int64_t>{static_cast<int64_t>(lengths.size()), 1}));
+  cp.problem.num_tokens = pr.n_init + pr.k + pr.n_local;
+  EXPECT_EQ(ApplySelectionCache(cp, nullptr), cudaErrorInvalidValue);
+  sp.problem.num_tokens = cp.problem.num_tokens;
+  EXPECT_EQ(SpanSelect(sp, nullptr), cudaErrorInvalidValue);
+}
+
 struct SpanCase {
   Shape shape;
   int64_t n_init, k, n_local, token_budget;
@@ -414,6 +484,10 @@ TEST_P(SpanSelectGpuTest, MatchesCpuPolicy) {
   }
   const std::vector<int32_t> gpu = DownloadSelection(d_tokens, d_count, n);
   ASSERT_FALSE(::testing::Test::HasFailure());
+  if (!engine::BudgetCoversAll(o, n)) {
+    ExpectCacheRoundTrip(sp, gpu, &d_tokens, &d_count);
+    ASSERT_FALSE(::testing::Test::HasFailure());
+  }
   if (engine::BudgetCoversAll(o, n) || c.k == 0) {
     EXPECT_EQ(gpu, cpu.tokens);
     return;
