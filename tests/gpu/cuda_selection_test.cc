@@ -152,6 +152,18 @@ class CudaSelectionTest : public ::testing::TestWithParam<Shape> {
   DeviceBuffer<float> d_inv_freq_;
 };
 
+// A policy and its budget, prefill chunks of `chunk` tokens.
+SelectionOptions TestOptions(SelectionPolicyKind policy, int64_t n_init, int64_t k, int64_t n_local,
+                             int64_t chunk) {
+  SelectionOptions opt;
+  opt.policy = policy;
+  opt.n_init = n_init;
+  opt.k = k;
+  opt.n_local = n_local;
+  opt.chunk_size = chunk;
+  return opt;
+}
+
 TEST_P(CudaSelectionTest, PrefillChunkListsMatchTheCpuPolicy) {
   std::mt19937 rng(20261121);
   const int64_t chunk = 37;
@@ -170,12 +182,7 @@ TEST_P(CudaSelectionTest, PrefillChunkListsMatchTheCpuPolicy) {
            {SelectionPolicyKind::kStreaming, 1500, kBoundVoteMinCandidates},
            {SelectionPolicyKind::kTokenSelect, 300, 1},
            {SelectionPolicyKind::kTokenSelect, 1500, 1}}) {
-    SelectionOptions opt;
-    opt.policy = kind;
-    opt.n_init = 16;
-    opt.k = k;
-    opt.n_local = 64;
-    opt.chunk_size = chunk;
+    const SelectionOptions opt = TestOptions(kind, 16, k, 64, chunk);
     auto provider =
         CudaSelectionAttention::Create(opt, config_, 5000 + chunk, chunk, 1, 0, bound);
     ASSERT_TRUE(provider.ok()) << provider.status();
@@ -246,6 +253,28 @@ TEST_P(CudaSelectionTest, QuestDecodeStepsMatchTheCpu) {
   EXPECT_LE(flips, 1);
 }
 
+// The GPU's selection-cache counters equal the CPU SelectionCache's, and show what theta implies
+// for decode queries that drift: -1 misses only each layer's first lookup, above 1 never hits,
+// 0.9 both hits and misses.
+void ExpectCacheCountersMatch(const SelectionCacheCounters& gpu, const SelectionCacheCounters& cpu,
+                              double theta, int64_t num_layers) {
+  std::printf("theta %.2f: %lld hits, %lld misses (CPU %lld/%lld)\n", theta,
+              static_cast<long long>(gpu.hits), static_cast<long long>(gpu.misses),
+              static_cast<long long>(cpu.hits), static_cast<long long>(cpu.misses));
+  EXPECT_EQ(gpu.hits, cpu.hits) << "theta=" << theta;
+  EXPECT_EQ(gpu.misses, cpu.misses) << "theta=" << theta;
+  if (theta == -1.0) {
+    EXPECT_EQ(cpu.misses, num_layers);
+  }
+  if (theta > 1.0) {
+    EXPECT_EQ(cpu.hits, 0);
+  }
+  if (theta == 0.9) {
+    EXPECT_GT(cpu.hits, 0);
+    EXPECT_GT(cpu.misses, num_layers);
+  }
+}
+
 // Decode steps through the selection cache: the GPU's hit decisions, counters and lists equal
 // the CPU SelectionCache's, for queries that drift slowly (hits at theta 0.9 happen) and for the
 // theta extremes; by the plain chain and by the bound-vote selection (bound 1, where the shape
@@ -293,22 +322,7 @@ TEST_P(CudaSelectionTest, DecodeStepsThroughTheCacheMatchTheCpu) {
     EXPECT_LE(flips, 1) << "theta=" << theta << " bound=" << bound;
     auto counters = (*provider)->CacheCounters(nullptr);
     ASSERT_TRUE(counters.ok());
-    const SelectionCacheCounters cpu = cache.total_counters();
-    EXPECT_EQ(counters->hits, cpu.hits) << "theta=" << theta;
-    EXPECT_EQ(counters->misses, cpu.misses) << "theta=" << theta;
-    std::printf("theta %.2f: %lld hits, %lld misses (CPU %lld/%lld)\n", theta,
-                static_cast<long long>(counters->hits), static_cast<long long>(counters->misses),
-                static_cast<long long>(cpu.hits), static_cast<long long>(cpu.misses));
-    if (theta == -1.0) {
-      EXPECT_EQ(cpu.misses, config_.num_layers);
-    }
-    if (theta > 1.0) {
-      EXPECT_EQ(cpu.hits, 0);
-    }
-    if (theta == 0.9) {
-      EXPECT_GT(cpu.hits, 0);
-      EXPECT_GT(cpu.misses, config_.num_layers);
-    }
+    ExpectCacheCountersMatch(*counters, cache.total_counters(), theta, config_.num_layers);
   }
 }
 
@@ -465,12 +479,7 @@ TEST_P(CudaSelectionTest, InfLlmStepsMatchTheCpuAndItsStateCarriesOver) {
   const int64_t chunk = 37, prompt = 30 * chunk, steps = 12;
   const int64_t total = prompt + steps + 1;
   SetUpCache(total, &rng);
-  SelectionOptions opt;
-  opt.policy = SelectionPolicyKind::kInfLlm;
-  opt.n_init = 8;
-  opt.k = 96;
-  opt.n_local = 32;
-  opt.chunk_size = chunk;
+  SelectionOptions opt = TestOptions(SelectionPolicyKind::kInfLlm, 8, 96, 32, chunk);
   opt.baselines.infllm_block_size = 16;
   opt.baselines.infllm_representatives = 3;
   StatefulRun run = RunStatefulSteps(this, opt, chunk, prompt, steps, total,
@@ -535,12 +544,7 @@ TEST_P(CudaSelectionTest, SpanIndexStepsMatchTheCpuAndItsStateCarriesOver) {
   const int64_t chunk = 37, prompt = 30 * chunk, steps = 12;
   const int64_t total = prompt + steps + 2 * chunk;
   SetUpCache(total, &rng);
-  SelectionOptions opt;
-  opt.policy = SelectionPolicyKind::kTokenSelectSpan;
-  opt.n_init = 8;
-  opt.k = 96;
-  opt.n_local = 32;
-  opt.chunk_size = chunk;
+  const SelectionOptions opt = TestOptions(SelectionPolicyKind::kTokenSelectSpan, 8, 96, 32, chunk);
   StatefulRun run = RunStatefulSteps(this, opt, chunk, prompt, steps, total, 2, &rng);
   ASSERT_NE(run.provider, nullptr);
   EXPECT_LE(run.flips, 2);
@@ -603,38 +607,17 @@ TEST_P(CudaSelectionTest, SpanDecodeStepsThroughTheCacheMatchTheCpu) {
   for (const double theta : {0.9, -1.0, 1.01}) {
     std::mt19937 rng(43);
     SetUpCache(total, &rng);
-    SelectionOptions opt;
-    opt.policy = SelectionPolicyKind::kTokenSelectSpan;
-    opt.n_init = 8;
-    opt.k = 64;
-    opt.n_local = 32;
-    opt.chunk_size = chunk;
+    SelectionOptions opt = TestOptions(SelectionPolicyKind::kTokenSelectSpan, 8, 64, 32, chunk);
     opt.theta = theta;
     StatefulRun run = RunStatefulSteps(this, opt, chunk, prompt, steps, total, 2, &rng, 0.15f);
     ASSERT_NE(run.provider, nullptr);
     EXPECT_LE(run.flips, 2) << "theta " << theta;
     auto gpu = run.provider->CacheCounters(nullptr);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
-    const SelectionCacheCounters& cpu = run.cpu_cache;
-    std::printf(
-        "tokenselect_span theta %.2f: %lld hits, %lld misses (CPU %lld/%lld); %lld of "
-        "%lld selecting layer steps differ\n",
-        theta, static_cast<long long>(gpu->hits), static_cast<long long>(gpu->misses),
-        static_cast<long long>(cpu.hits), static_cast<long long>(cpu.misses),
-        static_cast<long long>(run.flips), static_cast<long long>(run.selecting));
-    EXPECT_EQ(gpu->hits, cpu.hits) << "theta " << theta;
-    EXPECT_EQ(gpu->misses, cpu.misses) << "theta " << theta;
-    EXPECT_EQ(cpu.lookups(), steps * config_.num_layers);
-    if (theta == -1.0) {
-      EXPECT_EQ(cpu.misses, config_.num_layers);
-    }
-    if (theta > 1.0) {
-      EXPECT_EQ(cpu.hits, 0);
-    }
-    if (theta == 0.9) {
-      EXPECT_GT(cpu.hits, 0);
-      EXPECT_GT(cpu.misses, config_.num_layers);
-    }
+    std::printf("tokenselect_span: %lld of %lld selecting layer steps differ; ",
+                static_cast<long long>(run.flips), static_cast<long long>(run.selecting));
+    ExpectCacheCountersMatch(*gpu, run.cpu_cache, theta, config_.num_layers);
+    EXPECT_EQ(run.cpu_cache.lookups(), steps * config_.num_layers);
     for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
       auto picks = run.provider->LayerPicks(layer, nullptr);
       ASSERT_TRUE(picks.ok()) << picks.status();
