@@ -190,12 +190,12 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
           " has no GPU implementation yet (GPU policies: tokenselect, topk, quest, infllm, "
           "tokenselect_span, dense, streaming)"));
   }
-  if (options.policy == SelectionPolicyKind::kTokenSelectSpan &&
-      (tp_size > 1 || invariant_shards > 0)) {
-    // The chunk map would be summed over the ranks and SpanSelect split in halves, as Quest's.
+  if (options.policy == SelectionPolicyKind::kTokenSelectSpan && invariant_shards > 0) {
+    // The chunk map's and the span scores' head sums are not taken in the fixed shard order that
+    // TP-invariant numerics need.
     return absl::UnimplementedError(
-        "selection.policy tokenselect_span runs on one GPU only (no tensor parallelism or "
-        "TP-invariant numerics yet)");
+        "selection.policy tokenselect_span has no TP-invariant numerics on the GPU "
+        "(invariant_shards must be 0)");
   }
   if (options.policy == SelectionPolicyKind::kInfLlm && invariant_shards > 0) {
     // Its head sums (received attention, block scores) are not yet taken in the fixed shard
@@ -270,7 +270,8 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     RETURN_IF_ERROR(d.arena.Get(row, &d.query));
     RETURN_IF_ERROR(d.arena.Get(options.n_init + options.k + options.n_local, &d.selected));
     RETURN_IF_ERROR(d.arena.Get(1, &d.num_selected));
-    RETURN_IF_ERROR(d.arena.Get(layers * row, &d.cached_query));
+    if (tp_size > 1) RETURN_IF_ERROR(d.arena.Get(tp_size * row, &d.full_query));
+    RETURN_IF_ERROR(d.arena.Get(layers * tp_size * row, &d.cached_query));
     RETURN_IF_ERROR(d.arena.Get(layers, &d.cached_valid));
     RETURN_IF_ERROR(d.arena.Get(layers, &d.hit));
     RETURN_IF_ERROR(d.arena.Get(layers * k, &d.picks));
@@ -719,12 +720,13 @@ absl::Status CudaSelectionAttention::SelectSpan(const CudaAttentionQuery& query)
   // Decode goes through the layer's selection cache, as on the CPU: a hit skips SpanSelect (no
   // key read) and reuses the stored picks; a miss stores SpanSelect's.
   const int64_t layer = query.layer;
+  CudaTensorParallel* tp = IsSharded(query.tp) ? query.tp : nullptr;
   const int32_t* hit = nullptr;
   if (query.num_new == 1) {
-    RETURN_IF_ERROR(CheckSelectionCache(query, nullptr));
+    RETURN_IF_ERROR(CheckSelectionCache(query, tp));
     hit = d.hit + layer;
   }
-  RETURN_IF_ERROR(spans_->Select(layer, problem, out, hit, query.stream));
+  RETURN_IF_ERROR(spans_->Select(layer, problem, out, hit, tp, query.stream));
   if (hit != nullptr) {
     kc::CachedSelectionParams cp;
     cp.out = out;

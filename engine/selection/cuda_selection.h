@@ -39,7 +39,9 @@
 //                                              exact soft vote over their tokens (SpanSelect);
 //                                              decode through the selection cache (a hit
 //                                              skips SpanSelect; ApplySelectionCache reuses
-//                                              the picks); one GPU, bf16 keys
+//                                              the picks); bf16 keys; under tensor parallelism
+//                                              the map and the span scores and votes are
+//                                              summed over the ranks (no TP-invariant mode)
 // Other policies (head_vote, cascade) have no GPU provider yet, and the
 // scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
 // Unimplemented naming the policy (or the shape) otherwise. Quest keeps its page bounds per layer:
@@ -53,9 +55,10 @@
 // the soft votes (or summed logits) before the top-k, Quest's page bounds before the page
 // choice, and for the selection cache the ranks' selection queries are gathered (a zero-padded
 // all-reduce) so that the cosine is taken over all heads - so every rank selects exactly the
-// same tokens and takes the same cache decisions. InfLLM's received attention and block scores
-// are summed over the ranks the same way (not in the fixed order of TP-invariant numerics:
-// Create refuses infllm with invariant_shards > 0). With tp_size 1 no collective runs.
+// same tokens and takes the same cache decisions. InfLLM's received attention and block scores,
+// and tokenselect_span's chunk map, span scores and kept-token votes, are summed over the ranks
+// the same way (not in the fixed order of TP-invariant numerics: Create refuses infllm and
+// tokenselect_span with invariant_shards > 0). With tp_size 1 no collective runs.
 //
 // One per request; not thread-safe. Every launch goes to the query's stream. Memory: besides the
 // per-layer cache entries (L x (H*d floats + k ids)), each provider owns its scoring scratch

@@ -298,9 +298,11 @@ absl::Status CudaSpanIndex::Observe(const CudaAttentionQuery& query) {
   const double lambda = SpanLambda(options_.span, layer);
   state.received.resize(static_cast<size_t>(n));
   if (m == 1) {
-    // The 1 x 1 map holds num_heads (each head's one probability is 1): the CPU's detection of
-    // it is the token's own span with its key as the index vector.
-    const float heads = static_cast<float>(c.num_heads);
+    // The 1 x 1 map holds num_heads (each head's one probability is 1; under tensor parallelism
+    // every rank's heads): the CPU's detection of it is the token's own span with its key as the
+    // index vector.
+    const int ranks = IsSharded(query.tp) ? query.tp->size() : 1;
+    const float heads = static_cast<float>(c.num_heads * ranks);
     const std::vector<DetectedSpan> spans = DetectSpans({heads}, 1, options_.span, lambda);
     state.received.push_back(heads);
     index.AppendChunk(n, 1, spans);
@@ -323,6 +325,12 @@ absl::Status CudaSpanIndex::Observe(const CudaAttentionQuery& query) {
   const kc::ReceivedAttentionParams rp =
       StepChunkParams(query, c, d.received.ptr, d.received_workspace.ptr);
   RETURN_IF_ERROR(CudaStatus(kc::ChunkAttentionMap(rp, d.map.ptr, stream), "ChunkAttentionMap"));
+  if (IsSharded(query.tp)) {
+    // This rank's heads' share of the map and of its column sums: add the other ranks' heads.
+    // Every rank then detects the same spans from the same sums.
+    RETURN_IF_ERROR(query.tp->AllReduceSum(d.map.ptr, m * m, stream));
+    RETURN_IF_ERROR(query.tp->AllReduceSum(d.received.ptr, m, stream));
+  }
   kc::SpanDetectParams dp;
   dp.out = d.out;
   dp.map = d.map.ptr;
@@ -397,7 +405,7 @@ absl::Status CudaSpanIndex::Observe(const CudaAttentionQuery& query) {
 
 absl::Status CudaSpanIndex::Select(int64_t layer, const kc::SelectionProblem& problem,
                                    const kc::SelectionOutput& out, const int32_t* skip,
-                                   cudaStream_t stream) {
+                                   CudaTensorParallel* tp, cudaStream_t stream) {
   Device& d = *dev_;
   const SpanIndex& index = states_[static_cast<size_t>(layer)].spans;
   Device::Layer& l = d.layers[static_cast<size_t>(layer)];
@@ -429,7 +437,19 @@ absl::Status CudaSpanIndex::Select(int64_t layer, const kc::SelectionProblem& pr
   sp.max_kept = max_kept;
   sp.workspace = d.select_workspace.ptr;
   sp.skip = skip;
-  return CudaStatus(kc::SpanSelect(sp, stream), "SpanSelect");
+  if (!IsSharded(tp)) return CudaStatus(kc::SpanSelect(sp, stream), "SpanSelect");
+  // Span scores and votes are sums over heads: each rank adds its heads' share, then the ranks'
+  // shares are summed between the parts. Every rank holds the same index, so the counts and the
+  // calls match; k = 0 (nothing is scored) makes no call on any rank. On a selection-cache hit the
+  // sums are unused (AllReduceSumUnless).
+  RETURN_IF_ERROR(CudaStatus(kc::SpanScoreSpans(sp, stream), "SpanScoreSpans"));
+  if (problem.k > 0 && S > 0)
+    RETURN_IF_ERROR(tp->AllReduceSumUnless(sp.span_scores, S, skip, stream));
+  RETURN_IF_ERROR(CudaStatus(kc::SpanVoteKept(sp, stream), "SpanVoteKept"));
+  if (problem.k > 0 && max_kept > 0) {
+    RETURN_IF_ERROR(tp->AllReduceSumUnless(sp.kept_votes, max_kept, skip, stream));
+  }
+  return CudaStatus(kc::SpanPickTokens(sp, stream), "SpanPickTokens");
 }
 
 int64_t CudaSpanIndex::NumIndexTokens(int64_t layer) const {

@@ -19,10 +19,14 @@
 // (kernels/cuda/span_scoring.h): span scores over the index vectors, spans best first into the
 // token budget, the exact soft vote over their tokens.
 //
-// One GPU only (tensor parallelism would need the map summed over the ranks and SpanSelect split
-// in halves; CudaSelectionAttention::Create refuses it), bf16 KV caches (SpanSelect reads bf16
-// keys), steps of up to kMaxSpanChunk tokens (the detection's workspace is O(c^2): ~84 bytes per
-// map entry, 22 MB at 512). The host waits once per layer of a multi-token step.
+// Under tensor parallelism each rank computes its heads' share of the chunk map and received
+// attention and the ranks sum them (an all-reduce of c^2 + c floats per layer of a multi-token
+// step), so that every rank detects the same spans and keeps the same index; SpanSelect runs in
+// its three parts with the span scores and the kept tokens' votes summed between them. Not with
+// TP-invariant numerics (CudaSelectionAttention::Create refuses them). bf16 KV caches only
+// (SpanSelect reads bf16 keys), steps of up to kMaxSpanChunk tokens (the detection's workspace is
+// O(c^2): ~84 bytes per map entry, 22 MB at 512). The host waits once per layer of a multi-token
+// step.
 #ifndef TOKENSELECT_ENGINE_SELECTION_CUDA_SPAN_INDEX_H_
 #define TOKENSELECT_ENGINE_SELECTION_CUDA_SPAN_INDEX_H_
 
@@ -64,11 +68,13 @@ class CudaSpanIndex {
   // step has more than one token.
   absl::Status Observe(const CudaAttentionQuery& query);
 
-  // SpanSelect over the layer's index into `out` (problem: the step's, from StepProblem); skip:
-  // SpanSelectParams::skip (a selection-cache hit flag on the device) or nullptr.
+  // SpanSelect over the layer's index into `out` (problem: the step's, from StepProblem, with
+  // this rank's heads); skip: SpanSelectParams::skip (a selection-cache hit flag on the device)
+  // or nullptr; tp: the rank's group (its span scores and votes are summed over the ranks), or
+  // nullptr on one GPU.
   absl::Status Select(int64_t layer, const kernels::cuda::SelectionProblem& problem,
                       const kernels::cuda::SelectionOutput& out, const int32_t* skip,
-                      cudaStream_t stream);
+                      CudaTensorParallel* tp, cudaStream_t stream);
 
   // The index vectors of the layer's spans (what Select scores besides the kept tokens).
   int64_t NumIndexTokens(int64_t layer) const;

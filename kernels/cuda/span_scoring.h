@@ -123,6 +123,21 @@ size_t SpanSelectWorkspaceBytes(int64_t num_spans, int64_t max_kept, int64_t num
 // statistics over the first m entries; VoteFromLogits; TopK; the output.
 cudaError_t SpanSelect(const SpanSelectParams& params, cudaStream_t stream);
 
+// SpanSelect in three parts, for tensor parallelism (docs/parallel.md), where a rank holds only
+// its heads (as QuestScorePages / QuestChoosePages):
+//   SpanScoreSpans   span_scores: this rank's heads' share of each span's score;
+//                    the caller sums span_scores[0, num_spans) over the ranks;
+//   SpanVoteKept     the span choice from the summed scores, the kept list and kept_votes: this
+//                    rank's heads' share of each kept token's soft vote (each head's softmax is
+//                    the head's own); the caller sums kept_votes[0, max_kept) over the ranks;
+//   SpanPickTokens   the top k of the summed votes and the selected set.
+// With a covering budget or k = 0 the first two do nothing and the sums are not needed. Every
+// part honours skip. SpanSelect is the three in a row, minus the sums (and the first part's sort
+// entries stand, where SpanVoteKept derives them from the summed scores).
+cudaError_t SpanScoreSpans(const SpanSelectParams& params, cudaStream_t stream);
+cudaError_t SpanVoteKept(const SpanSelectParams& params, cudaStream_t stream);
+cudaError_t SpanPickTokens(const SpanSelectParams& params, cudaStream_t stream);
+
 // The selection cache (selection.h's SelectionCacheCheck) for the launchers here, whose picks'
 // count is known on the device only: the entry is the picks (the selected set's tokens in
 // [n_init, N - n_local) when it was stored, as offsets from n_init, ascending: selection.h's

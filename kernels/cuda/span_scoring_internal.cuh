@@ -157,6 +157,15 @@ struct GroupScoreArgs {
   const int32_t* skip = nullptr;  // optional [1]: when *skip != 0, write nothing
 };
 
+// Span i's entry for SpanSelect's sort (best first, ties by lower index, NaN last) and its
+// cleared chosen flag.
+__device__ __forceinline__ void WriteSortEntry(float score, int64_t i, uint32_t* sort_keys,
+                                               int32_t* sort_values, int32_t* chosen) {
+  sort_keys[i] = ~OrderedKey(score);
+  sort_values[i] = static_cast<int32_t>(i);
+  chosen[i] = 0;
+}
+
 template <int D, int G, bool kSpan, bool kFp8>
 __global__ void __launch_bounds__(kThreads) GroupScoreKernel(GroupScoreArgs a) {
   // A lane's 8 elements of a key: 16 B of bf16 or 8 B of e4m3.
@@ -258,11 +267,7 @@ __global__ void __launch_bounds__(kThreads) GroupScoreKernel(GroupScoreArgs a) {
     if (lane == 0) {
       const float score = valid ? total : __int_as_float(0x7fffffff);
       a.scores[grp] = score;
-      if constexpr (kSpan) {
-        a.sort_keys[grp] = ~OrderedKey(score);
-        a.sort_values[grp] = static_cast<int32_t>(grp);
-        a.chosen[grp] = 0;
-      }
+      if constexpr (kSpan) WriteSortEntry(score, grp, a.sort_keys, a.sort_values, a.chosen);
     }
   }
 }

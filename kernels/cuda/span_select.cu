@@ -445,40 +445,56 @@ size_t SpanSelectWorkspaceBytes(int64_t num_spans, int64_t max_kept, int64_t num
   return c.used();
 }
 
-cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
+namespace {
+
+// Span i's sort entry from its (summed) score, as GroupScoreKernel writes it on one GPU.
+__global__ void SortKeysKernel(const float* __restrict__ scores, uint32_t* sort_keys,
+                               int32_t* sort_values, int32_t* chosen, int64_t n,
+                               const int32_t* skip) {
+  if (Skipped(skip)) return;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    span_internal::WriteSortEntry(scores[i], i, sort_keys, sort_values, chosen);
+  }
+}
+
+// What the three parts check and share. `trivial`: a covering budget or k = 0, where only the
+// last part does anything (the CPU policy scores nothing).
+struct SpanStep {
+  bool valid = false;
+  bool trivial = false;
+  SpanWorkspace w{};
+  int64_t begin = 0, end = 0;
+};
+
+SpanStep PrepareSpanStep(const SpanSelectParams& p) {
   const SelectionProblem& pr = p.problem;
   const SpanIndexView& ix = p.index;
-  if (!ValidProblem(pr) || pr.kv_type != KvCacheType::kBf16 || ix.num_spans < 0 ||
-      ix.num_spans > INT32_MAX - 1 ||
-      p.token_budget < 0 || p.max_kept < 0 || p.max_kept > INT32_MAX) {
-    return cudaErrorInvalidValue;
+  SpanStep st;
+  st.valid = ValidProblem(pr) && pr.kv_type == KvCacheType::kBf16 && ix.num_spans >= 0 &&
+             ix.num_spans <= INT32_MAX - 1 && p.token_budget >= 0 && p.max_kept >= 0 &&
+             p.max_kept <= INT32_MAX &&
+             // No lookup when the budget covers the cache (selection_cache.h), so no skip either.
+             !(Covers(pr) && p.skip != nullptr);
+  st.trivial = Covers(pr) || pr.k == 0;
+  st.begin = pr.n_init;
+  st.end = pr.num_tokens - pr.n_local;
+  if (st.valid && !st.trivial) {
+    Carver carver(p.workspace);
+    st.w = CarveSpan(&carver, ix.num_spans, p.max_kept, pr.num_heads, pr.k);
   }
-  if (Covers(pr)) {
-    // No lookup when the budget covers the cache (selection_cache.h), so no skip either.
-    if (p.skip != nullptr) return cudaErrorInvalidValue;
-    return LaunchSelectAll(p.out, pr.num_tokens, stream);
-  }
-  const int64_t begin = pr.n_init;
-  const int64_t end = pr.num_tokens - pr.n_local;
-  AssembleArgs asm_args = BaseAssemble(p.out, pr);
-  asm_args.skip = p.skip;
-  if (pr.k == 0) {  // the CPU policy scores nothing
-    TS_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(p.span_scores, 0xff, ix.num_spans * sizeof(float), stream));
-    TS_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(p.kept_tokens, 0xff, p.max_kept * sizeof(int32_t), stream));
-    TS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.num_kept, 0, sizeof(int32_t), stream));
-    return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
-  }
-  Carver carver(p.workspace);
-  const SpanWorkspace w = CarveSpan(&carver, ix.num_spans, p.max_kept, pr.num_heads, pr.k);
+  return st;
+}
 
-  // 1. Span scores.
+// 1. Span scores (and, on one GPU, their sort entries).
+cudaError_t ScoreSpansPart(const SpanSelectParams& p, const SpanStep& st, cudaStream_t stream) {
+  const SelectionProblem& pr = p.problem;
+  const SpanIndexView& ix = p.index;
   GroupScoreArgs g;
   g.scores = p.span_scores;
-  g.sort_keys = w.keys_in;
-  g.sort_values = w.values_in;
-  g.chosen = w.chosen;
+  g.sort_keys = st.w.keys_in;
+  g.sort_values = st.w.values_in;
+  g.chosen = st.w.chosen;
   g.query = pr.query;
   g.keys = pr.k_cache;
   g.slots = pr.slots;
@@ -487,21 +503,33 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   g.vector_indptr = ix.vector_indptr;
   g.vector_tokens = ix.vector_tokens;
   g.num_groups = ix.num_spans;
-  g.cand_begin = begin;
-  g.cand_end = end;
+  g.cand_begin = st.begin;
+  g.cand_end = st.end;
   g.num_tokens = pr.num_tokens;
   g.num_heads = static_cast<int>(pr.num_heads);
   g.num_kv_heads = static_cast<int>(pr.num_kv_heads);
   g.scale = pr.scale;
   g.skip = p.skip;
-  TS_CUDA_RETURN_IF_ERROR(LaunchGroupScore<true>(g, pr.head_dim, stream));
+  return LaunchGroupScore<true>(g, pr.head_dim, stream);
+}
 
-  // 2. Best first, then the budget walk and the kept intervals.
+// 2. Best first (rekey: the sort entries from the summed scores first), the budget walk and the
+// kept intervals, then the kept list and its soft votes (padded to max_kept).
+cudaError_t VoteKeptPart(const SpanSelectParams& p, const SpanStep& st, bool rekey,
+                         cudaStream_t stream) {
+  const SelectionProblem& pr = p.problem;
+  const SpanIndexView& ix = p.index;
+  const SpanWorkspace& w = st.w;
   if (ix.num_spans > 0) {
+    if (rekey) {
+      SortKeysKernel<<<GridFor(ix.num_spans, 256, 1024), 256, 0, stream>>>(
+          p.span_scores, w.keys_in, w.values_in, w.chosen, ix.num_spans, p.skip);
+      TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    }
     size_t temp_bytes = w.sort_temp_bytes;
-    TS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
-        w.sort_temp, temp_bytes, w.keys_in, w.keys_out, w.values_in, w.values_out, ix.num_spans,
-        0, 32, stream));
+    TS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(w.sort_temp, temp_bytes, w.keys_in,
+                                                            w.keys_out, w.values_in, w.values_out,
+                                                            ix.num_spans, 0, 32, stream));
   }
   ChooseArgs ch;
   ch.chosen = w.chosen;
@@ -515,8 +543,8 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   ch.span_end = ix.span_end;
   ch.vector_indptr = ix.vector_indptr;
   ch.num_spans = ix.num_spans;
-  ch.cand_begin = begin;
-  ch.cand_end = end;
+  ch.cand_begin = st.begin;
+  ch.cand_end = st.end;
   ch.covered_end = ix.covered_end;
   ch.budget = p.token_budget;
   ch.k = pr.k;
@@ -524,19 +552,11 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   ch.skip = p.skip;
   ChooseSpansKernel<<<1, kChooseThreads, 0, stream>>>(ch);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-
-  // 3. The exact soft vote over the kept tokens (padded to max_kept).
   const int64_t n = p.max_kept;
-  asm_args.picks = w.topk_out;
-  asm_args.map = p.kept_tokens;
-  asm_args.num_picks_dev = w.counters + 2;
-  asm_args.unit = 1;
-  asm_args.begin = 0;
-  asm_args.end = pr.num_tokens;
-  if (n == 0) return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
+  if (n == 0) return cudaSuccess;
   KeptListKernel<<<GridFor(n, 256, 2048), 256, 0, stream>>>(p.kept_tokens, w.kept_slots,
                                                             w.ivl_begin, w.ivl_offset, w.counters,
-                                                            pr.slots, n, begin, p.skip);
+                                                            pr.slots, n, st.begin, p.skip);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   KeyScoreParams sp;
   sp.logits = w.logits;
@@ -570,16 +590,70 @@ cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
   vp.num_heads = pr.num_heads;
   vp.mode = VoteMode::kSoftVote;
   vp.skip = p.skip;
-  TS_CUDA_RETURN_IF_ERROR(VoteFromLogits(vp, stream));
-  TopKParams tp;
-  tp.out = w.topk_out;
-  tp.scores = p.kept_votes;
-  tp.workspace = w.topk_ws;
-  tp.n = n;
-  tp.k = pr.k;
-  tp.skip = p.skip;
-  TS_CUDA_RETURN_IF_ERROR(TopK(tp, stream));
+  return VoteFromLogits(vp, stream);
+}
+
+// 3. The top k of the votes and the selected set (or the trivial cases' set).
+cudaError_t PickTokensPart(const SpanSelectParams& p, const SpanStep& st, cudaStream_t stream) {
+  const SelectionProblem& pr = p.problem;
+  if (Covers(pr)) return LaunchSelectAll(p.out, pr.num_tokens, stream);
+  AssembleArgs asm_args = BaseAssemble(p.out, pr);
+  asm_args.skip = p.skip;
+  if (pr.k == 0) {  // the CPU policy scores nothing
+    TS_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(p.span_scores, 0xff, p.index.num_spans * sizeof(float), stream));
+    TS_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(p.kept_tokens, 0xff, p.max_kept * sizeof(int32_t), stream));
+    TS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.num_kept, 0, sizeof(int32_t), stream));
+    return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
+  }
+  asm_args.picks = st.w.topk_out;
+  asm_args.map = p.kept_tokens;
+  asm_args.num_picks_dev = st.w.counters + 2;
+  asm_args.unit = 1;
+  asm_args.begin = 0;
+  asm_args.end = pr.num_tokens;
+  if (p.max_kept > 0) {
+    TopKParams tp;
+    tp.out = st.w.topk_out;
+    tp.scores = p.kept_votes;
+    tp.workspace = st.w.topk_ws;
+    tp.n = p.max_kept;
+    tp.k = pr.k;
+    tp.skip = p.skip;
+    TS_CUDA_RETURN_IF_ERROR(TopK(tp, stream));
+  }
   return LaunchAssemble(asm_args, SelectionCapacity(pr), stream);
+}
+
+}  // namespace
+
+cudaError_t SpanSelect(const SpanSelectParams& p, cudaStream_t stream) {
+  const SpanStep st = PrepareSpanStep(p);
+  if (!st.valid) return cudaErrorInvalidValue;
+  if (!st.trivial) {
+    TS_CUDA_RETURN_IF_ERROR(ScoreSpansPart(p, st, stream));
+    TS_CUDA_RETURN_IF_ERROR(VoteKeptPart(p, st, /*rekey=*/false, stream));
+  }
+  return PickTokensPart(p, st, stream);
+}
+
+cudaError_t SpanScoreSpans(const SpanSelectParams& p, cudaStream_t stream) {
+  const SpanStep st = PrepareSpanStep(p);
+  if (!st.valid) return cudaErrorInvalidValue;
+  return st.trivial ? cudaSuccess : ScoreSpansPart(p, st, stream);
+}
+
+cudaError_t SpanVoteKept(const SpanSelectParams& p, cudaStream_t stream) {
+  const SpanStep st = PrepareSpanStep(p);
+  if (!st.valid) return cudaErrorInvalidValue;
+  return st.trivial ? cudaSuccess : VoteKeptPart(p, st, /*rekey=*/true, stream);
+}
+
+cudaError_t SpanPickTokens(const SpanSelectParams& p, cudaStream_t stream) {
+  const SpanStep st = PrepareSpanStep(p);
+  if (!st.valid) return cudaErrorInvalidValue;
+  return PickTokensPart(p, st, stream);
 }
 
 }  // namespace tokenselect::kernels::cuda

@@ -334,6 +334,80 @@ engine::SpanIndex BuildIndex(int64_t index_end, const engine::SpanOptions& opt, 
   return index;
 }
 
+// A span index as SpanSelect's CSR, on the host and the device.
+struct DeviceIndex {
+  explicit DeviceIndex(const engine::SpanIndex& index) : covered_end(index.covered_end()) {
+    indptr.push_back(0);
+    for (const engine::IndexedSpan& s : index.spans()) {
+      span_begin.push_back(s.begin);
+      span_end.push_back(s.end);
+      for (int32_t t : index.vectors(s)) vec_tokens.push_back(t);
+      indptr.push_back(static_cast<int32_t>(vec_tokens.size()));
+    }
+    d_begin = DeviceBuffer<int32_t>(span_begin);
+    d_end = DeviceBuffer<int32_t>(span_end);
+    d_indptr = DeviceBuffer<int32_t>(indptr);
+    d_vec = DeviceBuffer<int32_t>(vec_tokens.empty() ? std::vector<int32_t>{0} : vec_tokens);
+  }
+  int64_t num_spans() const { return static_cast<int64_t>(span_begin.size()); }
+  SpanIndexView View() const {
+    SpanIndexView v;
+    v.span_begin = d_begin.get();
+    v.span_end = d_end.get();
+    v.vector_indptr = d_indptr.get();
+    v.vector_tokens = d_vec.get();
+    v.num_spans = num_spans();
+    v.covered_end = covered_end;
+    return v;
+  }
+  int64_t MaxKept(const engine::SelectionOptions& o, int64_t n) const {
+    return SpanMaxKept(span_begin.data(), span_end.data(), indptr.data(), num_spans(), covered_end,
+                       n, o.n_init, o.n_local, engine::SpanTokenBudget(o));
+  }
+  std::vector<int32_t> span_begin, span_end, indptr, vec_tokens;
+  int64_t covered_end = 0;
+  DeviceBuffer<int32_t> d_begin, d_end, d_indptr, d_vec;
+};
+
+// SpanSelect's outputs, diagnostics and workspace for one problem (one rank's), and its params.
+struct SpanBuffers {
+  SpanBuffers(const DeviceIndex& index, const SelectionProblem& problem,
+              const engine::SelectionOptions& o)
+      : max_kept(index.MaxKept(o, problem.num_tokens)),
+        tokens(static_cast<size_t>(SelectionCapacity(problem) + 5)),
+        count(1),
+        scores(static_cast<size_t>(std::max<int64_t>(index.num_spans(), 1))),
+        kept(static_cast<size_t>(std::max<int64_t>(max_kept, 1))),
+        votes(static_cast<size_t>(std::max<int64_t>(max_kept, 1))),
+        num_kept(1),
+        workspace(
+            SpanSelectWorkspaceBytes(index.num_spans(), max_kept, problem.num_heads, problem.k)) {
+    workspace.Zero();
+    for (auto* b : {&tokens, &count, &kept, &num_kept}) b->Poison();  // unwritten entries show
+    scores.Poison();
+    votes.Poison();
+    params.out.tokens = tokens.get();
+    params.out.num_selected = count.get();
+    params.span_scores = scores.get();
+    params.kept_tokens = kept.get();
+    params.kept_votes = votes.get();
+    params.num_kept = num_kept.get();
+    params.problem = problem;
+    params.index = index.View();
+    params.token_budget = engine::SpanTokenBudget(o);
+    params.max_kept = max_kept;
+    params.workspace = workspace.get();
+  }
+  int64_t max_kept;
+  DeviceBuffer<int32_t> tokens, count;
+  DeviceBuffer<float> scores;
+  DeviceBuffer<int32_t> kept;
+  DeviceBuffer<float> votes;
+  DeviceBuffer<int32_t> num_kept;
+  DeviceBuffer<char> workspace;
+  SpanSelectParams params;
+};
+
 // The selection cache around SpanSelect (ApplySelectionCache), after `sp` selected `selected`
 // (the CPU policy's result `cpu` for the same step, up to near-ties):
 //   - a miss stores the selected set's picks as offsets from n_init and leaves the set alone;
@@ -431,54 +505,25 @@ TEST_P(SpanSelectGpuTest, MatchesCpuPolicy) {
   const int64_t n = c.shape.n;
   const engine::SelectionResult cpu = CpuSelect(o, p, &state);
 
-  // The index as CSR.
   const engine::SpanIndex& index = state.spans;
-  std::vector<int32_t> span_begin, span_end, indptr{0}, vec_tokens;
-  for (const engine::IndexedSpan& s : index.spans()) {
-    span_begin.push_back(s.begin);
-    span_end.push_back(s.end);
-    for (int32_t t : index.vectors(s)) vec_tokens.push_back(t);
-    indptr.push_back(static_cast<int32_t>(vec_tokens.size()));
-  }
-  const int64_t num_spans = static_cast<int64_t>(span_begin.size());
+  const DeviceIndex dix(index);
+  const std::vector<int32_t>& span_begin = dix.span_begin;
+  const std::vector<int32_t>& span_end = dix.span_end;
+  const std::vector<int32_t>& indptr = dix.indptr;
+  const std::vector<int32_t>& vec_tokens = dix.vec_tokens;
+  const int64_t num_spans = dix.num_spans();
   const int64_t budget = engine::SpanTokenBudget(o);
-  const int64_t max_kept = SpanMaxKept(span_begin.data(), span_end.data(), indptr.data(),
-                                       num_spans, index.covered_end(), n, o.n_init, o.n_local,
-                                       budget);
-
   DeviceProblem dp(p);
-  DeviceBuffer<int32_t> d_begin(span_begin), d_end(span_end), d_indptr(indptr);
-  DeviceBuffer<int32_t> d_vec(vec_tokens.empty() ? std::vector<int32_t>{0} : vec_tokens);
-  SpanSelectParams sp;
-  sp.problem = dp.View(p, o);
-  const int64_t cap = SelectionCapacity(sp.problem);
-  DeviceBuffer<int32_t> d_tokens(static_cast<size_t>(cap + 5)), d_count(1);
-  DeviceBuffer<float> d_scores(static_cast<size_t>(std::max<int64_t>(num_spans, 1)));
-  DeviceBuffer<int32_t> d_kept(static_cast<size_t>(std::max<int64_t>(max_kept, 1)));
-  DeviceBuffer<float> d_votes(static_cast<size_t>(std::max<int64_t>(max_kept, 1)));
-  DeviceBuffer<int32_t> d_num_kept(1);
-  DeviceBuffer<char> d_ws(SpanSelectWorkspaceBytes(num_spans, max_kept, c.shape.num_heads, c.k));
-  d_ws.Zero();
-  sp.out.tokens = d_tokens.get();
-  sp.out.num_selected = d_count.get();
-  sp.span_scores = d_scores.get();
-  sp.kept_tokens = d_kept.get();
-  sp.kept_votes = d_votes.get();
-  sp.num_kept = d_num_kept.get();
-  sp.index.span_begin = d_begin.get();
-  sp.index.span_end = d_end.get();
-  sp.index.vector_indptr = d_indptr.get();
-  sp.index.vector_tokens = d_vec.get();
-  sp.index.num_spans = num_spans;
-  sp.index.covered_end = index.covered_end();
-  sp.token_budget = budget;
-  sp.max_kept = max_kept;
-  sp.workspace = d_ws.get();
+  SpanBuffers b(dix, dp.View(p, o), o);
+  const int64_t max_kept = b.max_kept;
+  DeviceBuffer<int32_t>& d_tokens = b.tokens;
+  DeviceBuffer<int32_t>& d_count = b.count;
+  const SpanSelectParams& sp = b.params;
   // Twice: the second run must not depend on what the first left in the workspace.
   for (int rep = 0; rep < 2; ++rep) {
-    for (auto* b : {&d_tokens, &d_count, &d_kept, &d_num_kept}) b->Poison();
-    d_scores.Poison();
-    d_votes.Poison();
+    for (auto* buf : {&b.tokens, &b.count, &b.kept, &b.num_kept}) buf->Poison();
+    b.scores.Poison();
+    b.votes.Poison();
     ASSERT_EQ(SpanSelect(sp, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
@@ -495,7 +540,7 @@ TEST_P(SpanSelectGpuTest, MatchesCpuPolicy) {
 
   // Span scores against the CPU's definition; unscored exactly where the CPU skips.
   const int64_t begin = o.n_init, end = n - o.n_local;
-  const std::vector<float> gpu_scores = d_scores.Download();
+  const std::vector<float> gpu_scores = b.scores.Download();
   std::vector<double> cpu_scores(static_cast<size_t>(num_spans), NAN);
   std::vector<double> gpu_scores_d(static_cast<size_t>(num_spans), NAN);
   int scored = 0;
@@ -551,13 +596,13 @@ TEST_P(SpanSelectGpuTest, MatchesCpuPolicy) {
     return kept;
   };
   const std::vector<int32_t> kept = replay_kept(gpu_scores_d);
-  const int32_t m = d_num_kept.Download()[0];
+  const int32_t m = b.num_kept.Download()[0];
   ASSERT_EQ(m, static_cast<int32_t>(kept.size()));
   ASSERT_LE(m, max_kept);
-  const std::vector<int32_t> kept_all = d_kept.Download();
+  const std::vector<int32_t> kept_all = b.kept.Download();
   ASSERT_EQ(std::vector<int32_t>(kept_all.begin(), kept_all.begin() + m), kept);
   for (int64_t j = m; j < max_kept; ++j) ASSERT_EQ(kept_all[j], -1) << j;
-  const std::vector<float> votes_all = d_votes.Download();
+  const std::vector<float> votes_all = b.votes.Download();
   const std::vector<float> gpu_votes(votes_all.begin(), votes_all.begin() + m);
   std::vector<int32_t> winners;
   engine::TopKByScore(gpu_votes.data(), m, c.k, &winners);
@@ -608,6 +653,98 @@ INSTANTIATE_TEST_SUITE_P(
         SpanCase{{3001, 8, 2, 64}, 10, 64, 20, 30, 1200, 2},
         SpanCase{{3001, 8, 2, 128}, 10, 0, 20, 30, 3001, 2},
         SpanCase{{3001, 8, 2, 128}, 1000, 1500, 501, 0, 3001, 2}));
+
+// SpanSelect in its three parts as tensor-parallel ranks run it: two ranks, each with half the
+// query heads and half the KV heads, sum their span scores and then their kept tokens' votes
+// between the parts (here on the host, as an all-reduce would). Both ranks must select the same
+// set; the summed span scores must equal one GPU's within rounding, and the set equal one GPU's
+// SpanSelect up to near-ties of the votes (the head sums' order differs).
+TEST(SpanSelectSplitTest, TwoRanksOfHalfTheHeadsSelectAsOneGpu) {
+  std::mt19937 rng(5);
+  const Shape shape{20011, 32, 8, 128};
+  engine::SelectionOptions o;
+  o.policy = engine::SelectionPolicyKind::kTokenSelectSpan;
+  o.n_init = 16;
+  o.k = 512;
+  o.n_local = 64;
+  o.scale = 0.75f;
+  std::vector<std::pair<int64_t, int64_t>> planted;
+  const engine::SpanIndex index = BuildIndex(18000, o.span, &rng, &planted);
+  std::shuffle(planted.begin(), planted.end(), rng);
+  planted.resize(std::min<size_t>(planted.size(), 12));
+  const Problem p = MakeProblem(shape, &rng, planted, 1.0f);
+  const DeviceIndex dix(index);
+  DeviceProblem dp(p);
+  SpanBuffers one(dix, dp.View(p, o), o);
+  ASSERT_EQ(SpanSelect(one.params, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<int32_t> want = DownloadSelection(one.tokens, one.count, shape.n);
+
+  // Rank r: query heads [16 r, 16 r + 16), KV heads [4 r, 4 r + 4), of every slot.
+  const int64_t d = shape.head_dim, half_q = shape.num_heads / 2, half_kv = shape.num_kv_heads / 2;
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> queries;
+  std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> keys;
+  std::vector<std::unique_ptr<SpanBuffers>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    queries.push_back(std::make_unique<DeviceBuffer<float>>(std::vector<float>(
+        p.query.begin() + r * half_q * d, p.query.begin() + (r + 1) * half_q * d)));
+    std::vector<uint16_t> bits;
+    for (int64_t slot = 0; slot < p.num_slots; ++slot) {
+      const auto row = p.key_bits.begin() + (slot * shape.num_kv_heads + r * half_kv) * d;
+      bits.insert(bits.end(), row, row + half_kv * d);
+    }
+    keys.push_back(std::make_unique<DeviceBuffer<uint16_t>>(bits));
+    SelectionProblem pr = dp.View(p, o);
+    pr.query = queries.back()->get();
+    pr.k_cache = keys.back()->get();
+    pr.num_heads = half_q;
+    pr.num_kv_heads = half_kv;
+    ranks.push_back(std::make_unique<SpanBuffers>(dix, pr, o));
+  }
+  // The all-reduce: both ranks get the same sums.
+  auto sum_over_ranks = [&](DeviceBuffer<float> SpanBuffers::*member, int64_t n) {
+    std::vector<float> total((ranks[0].get()->*member).Download());
+    const std::vector<float> other = (ranks[1].get()->*member).Download();
+    for (int64_t i = 0; i < n; ++i) total[i] += other[i];
+    for (auto& rank : ranks) (rank.get()->*member).Upload(total);
+    return std::vector<float>(total.begin(), total.begin() + n);
+  };
+  for (auto& rank : ranks) ASSERT_EQ(SpanScoreSpans(rank->params, nullptr), cudaSuccess);
+  const std::vector<float> scores = sum_over_ranks(&SpanBuffers::scores, dix.num_spans());
+  for (auto& rank : ranks) ASSERT_EQ(SpanVoteKept(rank->params, nullptr), cudaSuccess);
+  const int32_t m = ranks[0]->num_kept.Download()[0];
+  const std::vector<float> votes = sum_over_ranks(&SpanBuffers::votes, m);
+  for (auto& rank : ranks) ASSERT_EQ(SpanPickTokens(rank->params, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<int32_t> got0 = DownloadSelection(ranks[0]->tokens, ranks[0]->count, shape.n);
+  const std::vector<int32_t> got1 = DownloadSelection(ranks[1]->tokens, ranks[1]->count, shape.n);
+  EXPECT_EQ(got0, got1) << "the ranks selected differently";
+  EXPECT_EQ(ranks[1]->num_kept.Download()[0], m);
+
+  const std::vector<float> one_scores = one.scores.Download();
+  std::vector<double> as_double(scores.begin(), scores.end());
+  int64_t scored = 0;
+  for (int64_t i = 0; i < dix.num_spans(); ++i) {
+    if (std::isnan(one_scores[i])) {
+      EXPECT_TRUE(std::isnan(scores[i])) << "span " << i;
+      continue;
+    }
+    ++scored;
+    EXPECT_NEAR(scores[i], one_scores[i], 1e-5f * (std::fabs(one_scores[i]) + 1.0f)) << i;
+  }
+  EXPECT_GT(scored, 10);
+  const std::vector<int32_t> one_kept_all = one.kept.Download();
+  const std::vector<int32_t> kept_all = ranks[0]->kept.Download();
+  const std::vector<int32_t> kept(kept_all.begin(), kept_all.begin() + m);
+  if (one.num_kept.Download()[0] != m ||
+      !std::equal(kept.begin(), kept.end(), one_kept_all.begin())) {
+    EXPECT_TRUE(HasNearTie(as_double)) << "the span choice differs without a near-tie";
+    return;
+  }
+  ExpectVotePicksClose(got0, want, kept, votes, o.k);
+  std::printf("two ranks: %lld spans scored, %d kept tokens, %s one GPU's selection\n",
+              static_cast<long long>(scored), m, got0 == want ? "equal to" : "near-ties from");
+}
 
 // ---------------------------------------------------------------------------------------------
 // Quest.
