@@ -707,11 +707,6 @@ absl::Status CudaSelectionAttention::SelectInfLlm(const CudaAttentionQuery& quer
 // to date by CudaSpanIndex::Observe), then the list.
 absl::Status CudaSelectionAttention::SelectSpan(const CudaAttentionQuery& query) {
   Device& d = *dev_;
-  if (query.kv_dtype != KvCacheDType::kBF16) {
-    return absl::UnimplementedError(
-        "selection.policy tokenselect_span on the GPU reads bf16 keys; this model's KV cache is "
-        "FP8 (kv_cache_dtype)");
-  }
   RETURN_IF_ERROR(BuildStepQuery(options_, config_, query, d.query));
   kc::SelectionOutput out;
   out.tokens = d.selected;

@@ -28,7 +28,8 @@
 // dropped on the device (BuildSelectedList), as on the CPU.
 //
 // An FP8 KV cache (CudaAttentionQuery::kv_dtype) is read by the key scoring, Quest's page
-// bounds and InfLLM's received attention and block scores, all dequantizing as they read
+// bounds, InfLLM's received attention and block scores and the span index's map and span
+// scores, all dequantizing as they read
 // (docs/fp8_kv.md).
 //
 //   tokenselect_span                           every step: the chunk's attention map and span
@@ -39,7 +40,8 @@
 //                                              exact soft vote over their tokens (SpanSelect);
 //                                              decode through the selection cache (a hit
 //                                              skips SpanSelect; ApplySelectionCache reuses
-//                                              the picks); bf16 keys; under tensor parallelism
+//                                              the picks); bf16 or FP8 keys; under tensor
+//                                              parallelism
 //                                              the map and the span scores and votes are
 //                                              summed over the ranks (no TP-invariant mode)
 // Other policies (head_vote, cascade) have no GPU provider yet, and the

@@ -23,10 +23,10 @@
 // attention and the ranks sum them (an all-reduce of c^2 + c floats per layer of a multi-token
 // step), so that every rank detects the same spans and keeps the same index; SpanSelect runs in
 // its three parts with the span scores and the kept tokens' votes summed between them. Not with
-// TP-invariant numerics (CudaSelectionAttention::Create refuses them). bf16 KV caches only
-// (SpanSelect reads bf16 keys), steps of up to kMaxSpanChunk tokens (the detection's workspace is
-// O(c^2): ~84 bytes per map entry, 22 MB at 512). The host waits once per layer of a multi-token
-// step.
+// TP-invariant numerics (CudaSelectionAttention::Create refuses them). bf16 or FP8 KV caches
+// (the map and SpanSelect dequantize FP8 keys as they read), steps of up to kMaxSpanChunk tokens
+// (the detection's workspace is O(c^2): ~84 bytes per map entry, 22 MB at 512). The host waits once
+// per layer of a multi-token step.
 #ifndef TOKENSELECT_ENGINE_SELECTION_CUDA_SPAN_INDEX_H_
 #define TOKENSELECT_ENGINE_SELECTION_CUDA_SPAN_INDEX_H_
 

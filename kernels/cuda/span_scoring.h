@@ -20,10 +20,8 @@
 // Storage as in selection.h: keys bf16 [num_slots, num_kv_heads, head_dim] (un-rotated), query
 // fp32 [num_heads, head_dim], scores fp32. An FP8 cache (kv_cache_type.h) is read by Quest's page
 // bounds (bounds of the dequantized keys, bit for bit those of a bf16 cache holding them) and by
-// InfLlmSelect and ChunkReceivedAttention (dequantized in registers: the same results as over a
-// bf16 cache holding the dequantized keys); SpanSelect takes bf16 keys and returns
-// cudaErrorInvalidValue for FP8 (the GPU provider refuses tokenselect_span on FP8 caches:
-// engine/selection/cuda_span_index.h). Launchers take a cudaStream_t, never
+// InfLlmSelect, SpanSelect and ChunkReceivedAttention (dequantized in registers: the same results
+// as over a bf16 cache holding the dequantized keys). Launchers take a cudaStream_t, never
 // synchronise, and return the first CUDA error; cudaErrorInvalidValue for unsupported shapes
 // (head_dim 64 or 128, group size 1, 2, 4 or 8) or inconsistent sizes. Outputs whose length is only
 // known on the device come with a device-side count. When n_init + k + n_local >= N every launcher

@@ -12,7 +12,7 @@
 // fixed order. Reads (index vectors) * H_kv * d * 2 bytes of keys; latency-bound per group
 // (a chain of a few dependent loads), so every group gets its own warp.
 //
-// In block mode the keys may be FP8 (e4m3 with per-KV-head scales, 8 B per lane instead of 16,
+// In both modes the keys may be FP8 (e4m3 with per-KV-head scales, 8 B per lane instead of 16,
 // dequantized in registers: the same floats as the bf16 kernel over the dequantized keys).
 //
 // Output assembly (span_scoring_common.cu) writes the selected set from the picked units; see
@@ -136,7 +136,7 @@ struct GroupScoreArgs {
   int32_t* sort_values = nullptr;
   int32_t* chosen = nullptr;
   const float* query = nullptr;
-  const void* keys = nullptr;  // bf16, or in block mode also e4m3 (kv_type, k_scale)
+  const void* keys = nullptr;  // bf16 or e4m3 (kv_type, k_scale)
   KvCacheType kv_type = KvCacheType::kBf16;
   const float* k_scale = nullptr;  // FP8: [num_kv_heads]
   const int32_t* slots = nullptr;
@@ -283,11 +283,9 @@ cudaError_t LaunchGroupScore(const GroupScoreArgs& a, int64_t head_dim, cudaStre
   const int grid = GridFor(a.num_groups, kWarpsPerBlock, static_cast<int64_t>(NumSms()) * 16);
   return DispatchShape(shape, [&](auto d, auto g) {
     constexpr int D = decltype(d)::value, G = decltype(g)::value;
-    if constexpr (!kSpan) {  // FP8 keys: block mode (InfLLM) only
-      if (a.kv_type == KvCacheType::kFp8E4M3) {
-        GroupScoreKernel<D, G, false, true><<<grid, kThreads, smem, stream>>>(a);
-        return cudaGetLastError();
-      }
+    if (a.kv_type == KvCacheType::kFp8E4M3) {
+      GroupScoreKernel<D, G, kSpan, true><<<grid, kThreads, smem, stream>>>(a);
+      return cudaGetLastError();
     }
     GroupScoreKernel<D, G, kSpan, false><<<grid, kThreads, smem, stream>>>(a);
     return cudaGetLastError();

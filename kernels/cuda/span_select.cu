@@ -471,9 +471,8 @@ SpanStep PrepareSpanStep(const SpanSelectParams& p) {
   const SelectionProblem& pr = p.problem;
   const SpanIndexView& ix = p.index;
   SpanStep st;
-  st.valid = ValidProblem(pr) && pr.kv_type == KvCacheType::kBf16 && ix.num_spans >= 0 &&
-             ix.num_spans <= INT32_MAX - 1 && p.token_budget >= 0 && p.max_kept >= 0 &&
-             p.max_kept <= INT32_MAX &&
+  st.valid = ValidProblem(pr) && ix.num_spans >= 0 && ix.num_spans <= INT32_MAX - 1 &&
+             p.token_budget >= 0 && p.max_kept >= 0 && p.max_kept <= INT32_MAX &&
              // No lookup when the budget covers the cache (selection_cache.h), so no skip either.
              !(Covers(pr) && p.skip != nullptr);
   st.trivial = Covers(pr) || pr.k == 0;
@@ -497,6 +496,8 @@ cudaError_t ScoreSpansPart(const SpanSelectParams& p, const SpanStep& st, cudaSt
   g.chosen = st.w.chosen;
   g.query = pr.query;
   g.keys = pr.k_cache;
+  g.kv_type = pr.kv_type;
+  g.k_scale = pr.k_scale;
   g.slots = pr.slots;
   g.span_begin = ix.span_begin;
   g.span_end = ix.span_end;
@@ -564,6 +565,8 @@ cudaError_t VoteKeptPart(const SpanSelectParams& p, const SpanStep& st, bool rek
   sp.head_inv_sum = w.head_inv_sum;
   sp.query = pr.query;
   sp.k_cache = pr.k_cache;
+  sp.kv_type = pr.kv_type;
+  sp.k_scale = pr.k_scale;
   sp.slots = w.kept_slots;
   sp.workspace = w.score_ws;
   sp.n = n;

@@ -351,8 +351,12 @@ TEST(Fp8SelectionProviderTest, ListsEqualThoseOverTheDequantizedCache) {
   DeviceBuffer<float> d_scales(scales);
   DeviceBuffer<int32_t> d_slots(slots), d_iota(iota);
   DeviceBuffer<float> d_inv_freq(kernels::RopeInverseFrequencies(rope));
-  for (SelectionPolicyKind policy : {SelectionPolicyKind::kTokenSelect, SelectionPolicyKind::kTopK,
-                                     SelectionPolicyKind::kQuest}) {
+  // tokenselect_span's first step finds 2000 tokens its index never saw (one span without
+  // index vectors); its chunk map and spans come from the chunk of 64, and at 2500 (after a gap)
+  // those spans are candidates, scored from their FP8 index vectors.
+  for (SelectionPolicyKind policy :
+       {SelectionPolicyKind::kTokenSelect, SelectionPolicyKind::kTopK, SelectionPolicyKind::kQuest,
+        SelectionPolicyKind::kTokenSelectSpan}) {
     SelectionOptions opt;
     opt.policy = policy;
     opt.n_init = 16;

@@ -284,9 +284,9 @@ class TpModelTest : public ::testing::TestWithParam<TpCase> {
       out.push_back(SelectionPolicyKind::kTokenSelect);
       out.push_back(SelectionPolicyKind::kQuest);
       // InfLLM and tokenselect_span have no TP-invariant numerics (CudaSelectionAttention::
-      // Create refuses them); tokenselect_span reads bf16 keys only.
-      if (!GetParam().invariant) out.push_back(SelectionPolicyKind::kInfLlm);
-      if (!GetParam().invariant && !GetParam().fp8) {
+      // Create refuses them).
+      if (!GetParam().invariant) {
+        out.push_back(SelectionPolicyKind::kInfLlm);
         out.push_back(SelectionPolicyKind::kTokenSelectSpan);
       }
     }
