@@ -24,6 +24,10 @@
 // read by each path (for span: the scored spans' index vectors plus the max_kept rows of the
 // soft vote, padding included). GB/s are key bytes / time, against a device-to-device copy
 // (read + write bytes) measured in the same run.
+//   bench_span_cuda [--quick] [--tiny] [--reps R]   --quick: N = 128K only; --tiny: an index of
+//                   1..5-token spans with 1 or 2 index vectors (a random-weight model's)
+//   bench_span_cuda --detect    the prefill side instead: one chunk's map and span detection
+//   bench_span_cuda --profile   N = 1M, SpanSelect calls only (for a profiler)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,7 +44,9 @@
 
 #include "bench/cuda_bench_util.h"
 #include "kernels/cuda/selection.h"
+#include "kernels/cuda/span_detection.h"
 #include "kernels/cuda/span_scoring.h"
+#include "kernels/ops.h"
 
 namespace tokenselect::kernels::cuda {
 namespace {
@@ -56,7 +62,11 @@ constexpr int64_t kInit = 128;
 constexpr int64_t kK = 2048;
 constexpr int64_t kLocal = 512;
 constexpr int64_t kBudget = 4 * kK;
-constexpr int kReps = 30;
+int kReps = 30;  // --reps
+// --tiny: spans of 1..5 tokens with 1 or 2 index vectors each (what the detection finds on
+// random-weight models: ~44K spans and ~68K index vectors per layer at 128K in
+// bench_generate_cuda), instead of 64..512 tokens with 2..8.
+bool g_tiny = false;
 
 cudaStream_t g_stream;
 DeviceBuffer<char>* g_flush = nullptr;
@@ -93,7 +103,8 @@ __global__ void PlantKernel(__nv_bfloat16* keys, const int32_t* slots, const int
 
 // Median ms of `reps` runs of fn, each after an L2 flush; with `graph`, fn is captured once and
 // replayed. Either way fn runs once first (lazy initialisation in launchers, outside capture).
-double ColdMedianMs(const std::function<void()>& fn, bool graph, int reps = kReps) {
+double ColdMedianMs(const std::function<void()>& fn, bool graph, int reps = -1) {
+  if (reps < 0) reps = kReps;
   const bench::TimingOptions cold = {reps, /*warmup=*/0, /*sync_each=*/false, g_flush};
   const auto call = [&](int) { fn(); };
   if (graph) return bench::GraphMedianMs(g_stream, call, /*inner=*/1, cold);
@@ -109,12 +120,13 @@ struct HostIndex {
 
 HostIndex MakeIndex(int64_t n, std::mt19937& rng) {
   HostIndex ix;
-  std::uniform_int_distribution<int64_t> len(64, 512);
+  std::uniform_int_distribution<int64_t> len(g_tiny ? 1 : 64, g_tiny ? 5 : 512);
   std::uniform_real_distribution<double> ra(0.4, 1.0);
   for (int64_t t = 0; t < n;) {
     const int64_t e = std::min(n, t + len(rng));
-    const int64_t count = std::min<int64_t>(
-        e - t, 1 + std::llround(7.0 * std::exp(-3.0 * (1.0 - ra(rng)))));
+    const int64_t count =
+        std::min<int64_t>(e - t, g_tiny ? 1 + static_cast<int64_t>(rng() % 2)
+                                        : 1 + std::llround(7.0 * std::exp(-3.0 * (1.0 - ra(rng)))));
     std::set<int32_t> picked;
     std::uniform_int_distribution<int64_t> at(t, e - 1);
     while (static_cast<int64_t>(picked.size()) < count) picked.insert(static_cast<int32_t>(at(rng)));
@@ -237,7 +249,9 @@ void RunSize(int64_t n, double copy_gbps, bool profile, std::vector<Row>* rows) 
   DeviceBuffer<float> span_scores(static_cast<size_t>(num_spans));
   DeviceBuffer<int32_t> kept(static_cast<size_t>(max_kept)), num_kept(1);
   DeviceBuffer<float> kept_votes(static_cast<size_t>(max_kept));
-  DeviceBuffer<char> span_ws(SpanSelectWorkspaceBytes(num_spans, max_kept, kHeads, kK));
+  const int64_t num_vectors = static_cast<int64_t>(ix.tokens.size());
+  DeviceBuffer<char> span_ws(
+      SpanSelectWorkspaceBytes(num_spans, num_vectors, max_kept, kHeads, kK));
   span_ws.Zero();
   SpanSelectParams ss;
   ss.out.tokens = span_tokens.get();
@@ -252,6 +266,7 @@ void RunSize(int64_t n, double copy_gbps, bool profile, std::vector<Row>* rows) 
   ss.index.vector_indptr = d_indptr.get();
   ss.index.vector_tokens = d_vec.get();
   ss.index.num_spans = num_spans;
+  ss.index.num_vectors = num_vectors;
   ss.index.covered_end = n;
   ss.token_budget = kBudget;
   ss.max_kept = max_kept;
@@ -470,7 +485,7 @@ void RunSize(int64_t n, double copy_gbps, bool profile, std::vector<Row>* rows) 
       // also without the greedy walk (token budget 0); the soft vote alone over 8192 rows.
       SpanSelectParams no_vote = ss;
       no_vote.max_kept = 0;
-      DeviceBuffer<char> ws_a(SpanSelectWorkspaceBytes(num_spans, 0, kHeads, kK));
+      DeviceBuffer<char> ws_a(SpanSelectWorkspaceBytes(num_spans, num_vectors, 0, kHeads, kK));
       ws_a.Zero();
       no_vote.workspace = ws_a.get();
       add("  span part: scores+sort+choose", [&] { TS_CUDA_CHECK(SpanSelect(no_vote, g_stream)); },
@@ -504,10 +519,70 @@ void RunSize(int64_t n, double copy_gbps, bool profile, std::vector<Row>* rows) 
   }
 }
 
+// The span index's prefill work for one chunk and layer of the Llama-3-8B shape: the chunk's
+// attention map (ChunkAttentionMap) and the span detection on it (DetectChunkSpans), for c =
+// 512 new tokens after 4096 cached ones, queries and keys standard normal bf16 (attention about
+// as flat as a random-weight model's). Prints the spans found and both times.
+void RunDetection() {
+  const int64_t c = 512, first = 4096, n = first + c;
+  std::mt19937 rng(3);
+  const std::vector<int32_t> slots = bench::PagedSlots(n, 0, &rng);
+  DeviceBuffer<__nv_bfloat16> keys(static_cast<size_t>(n * kRow)), q(c * kHeads * kDim);
+  FillNormalBf16<<<1024, 256, 0, g_stream>>>(keys.get(), n * kRow, 11);
+  FillNormalBf16<<<1024, 256, 0, g_stream>>>(q.get(), c * kHeads * kDim, 12);
+  DeviceBuffer<int32_t> d_slots(slots);
+  RopeParams rope;
+  rope.head_dim = kDim;
+  DeviceBuffer<float> inv_freq(RopeInverseFrequencies(rope));
+  DeviceBuffer<float> received(c), map(c * c);
+  DeviceBuffer<char> rws(ReceivedAttentionWorkspaceBytes(c, kHeads));
+  ReceivedAttentionParams rp;
+  rp.received = received.get();
+  rp.workspace = rws.get();
+  rp.q = q.get();
+  rp.q_row_stride = kHeads * kDim;
+  rp.k_cache = keys.get();
+  rp.slots = d_slots.get() + first;
+  rp.first_position = first;
+  rp.num_new = c;
+  rp.num_heads = kHeads;
+  rp.num_kv_heads = kKvHeads;
+  rp.head_dim = kDim;
+  rp.inv_freq = inv_freq.get();
+  rp.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+  const int64_t max_spans = SpanDetectMaxSpans(c), max_tokens = SpanDetectMaxTokens(c, 8);
+  DeviceBuffer<int32_t> counts(2), sx(max_spans), sy(max_spans), gap(max_spans),
+      indptr(max_spans + 1), tokens(max_tokens);
+  DeviceBuffer<double> score(max_spans);
+  DeviceBuffer<char> dws(SpanDetectWorkspaceBytes(c));
+  SpanDetectParams dp;
+  dp.out = {counts.get(), sx.get(), sy.get(), gap.get(), indptr.get(), score.get(), tokens.get()};
+  dp.map = map.get();
+  dp.c = c;
+  dp.workspace = dws.get();
+  auto run_map = [&] { TS_CUDA_CHECK(ChunkAttentionMap(rp, map.get(), g_stream)); };
+  auto run_detect = [&] { TS_CUDA_CHECK(DetectChunkSpans(dp, g_stream)); };
+  const double map_ms = ColdMedianMs(run_map, true);
+  const double detect_ms = ColdMedianMs(run_detect, true);
+  TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  const std::vector<int32_t> count = counts.Download();
+  std::printf(
+      "\nspan index, one chunk of %lld tokens and one layer (32 heads, d = 128): map %.4f "
+      "ms, detection %.4f ms; %d spans, %d index tokens\n",
+      static_cast<long long>(c), map_ms, detect_ms, count[0], count[1]);
+}
+
 int Main(int argc, char** argv) {
-  // --quick: N = 128K only; --profile: N = 1M, 100 SpanSelect calls and nothing else.
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const bool profile = argc > 1 && std::strcmp(argv[1], "--profile") == 0;
+  // --quick: N = 128K only; --profile: N = 1M, 100 SpanSelect calls and nothing else; --tiny:
+  // tiny spans (g_tiny); --detect: the prefill detection only (RunDetection); --reps R.
+  bool quick = false, profile = false, detect = false;
+  for (int i = 1; i < argc; ++i) {
+    quick |= std::strcmp(argv[i], "--quick") == 0;
+    profile |= std::strcmp(argv[i], "--profile") == 0;
+    detect |= std::strcmp(argv[i], "--detect") == 0;
+    g_tiny |= std::strcmp(argv[i], "--tiny") == 0;
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) kReps = std::atoi(argv[++i]);
+  }
   TS_CUDA_CHECK(cudaStreamCreate(&g_stream));
   cudaDeviceProp prop;
   TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -526,6 +601,10 @@ int Main(int argc, char** argv) {
     std::printf("copy 1 GiB device-to-device: %.4f ms, %.1f GB/s (read + write)\n", ms, copy_gbps);
   }
   std::vector<Row> rows;
+  if (detect) {
+    RunDetection();
+    return 0;
+  }
   if (profile) {
     RunSize(int64_t{1} << 20, copy_gbps, true, &rows);
     return 0;

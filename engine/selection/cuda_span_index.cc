@@ -414,8 +414,8 @@ absl::Status CudaSpanIndex::Select(int64_t layer, const kc::SelectionProblem& pr
   RETURN_IF_ERROR(d.span_scores.Reserve(S, 0, stream));
   RETURN_IF_ERROR(d.kept_tokens.Reserve(max_kept, 0, stream));
   RETURN_IF_ERROR(d.kept_votes.Reserve(max_kept, 0, stream));
-  const int64_t bytes =
-      static_cast<int64_t>(kc::SpanSelectWorkspaceBytes(S, max_kept, problem.num_heads, problem.k));
+  const int64_t bytes = static_cast<int64_t>(kc::SpanSelectWorkspaceBytes(
+      S, index.num_index_tokens(), max_kept, problem.num_heads, problem.k));
   RETURN_IF_ERROR(d.select_workspace.Reserve(bytes, 0, stream));
   // SpanSelect wants its counters and histograms zero; where they lie moves with the span count.
   RETURN_IF_ERROR(
@@ -432,6 +432,7 @@ absl::Status CudaSpanIndex::Select(int64_t layer, const kc::SelectionProblem& pr
   sp.index.vector_indptr = l.indptr.ptr;
   sp.index.vector_tokens = l.tokens.ptr;
   sp.index.num_spans = S;
+  sp.index.num_vectors = index.num_index_tokens();
   sp.index.covered_end = index.covered_end();
   sp.token_budget = SpanTokenBudget(options_);
   sp.max_kept = max_kept;

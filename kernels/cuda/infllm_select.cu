@@ -160,11 +160,10 @@ cudaError_t InfLlmScoreBlocks(const InfLlmSelectParams& p, cudaStream_t stream) 
   g.num_groups = plan.blocks;
   g.cand_begin = pr.n_init;
   g.cand_end = pr.num_tokens - pr.n_local;
-  g.num_tokens = pr.num_tokens;
   g.num_heads = static_cast<int>(pr.num_heads);
   g.num_kv_heads = static_cast<int>(pr.num_kv_heads);
   g.scale = pr.scale;
-  return LaunchGroupScore<false>(g, pr.head_dim, stream);
+  return LaunchGroupScore(g, pr.head_dim, stream);
 }
 
 cudaError_t InfLlmChooseBlocks(const InfLlmSelectParams& p, cudaStream_t stream) {

@@ -5,11 +5,12 @@
 // only near-ties of scores (fp32 on the GPU, double on the CPU) may order differently.
 //
 //   SpanSelect        span score = sum_h max_v scale * q_h . K[slot(v), h / g] over the span's
-//                     index tokens v; spans best first (higher score, then lower index) kept while
-//                     their candidate tokens fit the token budget (one that does not fit is
-//                     skipped); + the unindexed spans and the tokens past covered_end; then the
-//                     exact soft vote (ScoreKeys, VoteFromLogits, TopK of selection.h) over the
-//                     kept tokens only.
+//                     index tokens v (ScoreKeys over every index token, then a warp per span
+//                     takes the per-head maxima and their sum); spans best first (higher score,
+//                     then lower index) kept while their candidate tokens fit the token budget (one
+//                     that does not fit is skipped); + the unindexed spans and the tokens past
+//                     covered_end; then the exact soft vote (ScoreKeys, VoteFromLogits, TopK of
+//                     selection.h) over the kept tokens only.
 //   QuestBuildPageBounds / QuestSelect   per page of page_size candidates (from n_init) and
 //                     channel the key min and max; bound = scale * sum_h sum_i max(q_h,i min_i,
 //                     q_h,i max_i); pages best first while they fit into k tokens.
@@ -79,6 +80,7 @@ struct SpanIndexView {
   const int32_t* vector_indptr = nullptr;  // [num_spans + 1]
   const int32_t* vector_tokens = nullptr;  // [vector_indptr[num_spans]]
   int64_t num_spans = 0;
+  int64_t num_vectors = 0;  // vector_indptr[num_spans], as the host knows it
   int64_t covered_end = 0;  // tokens at or after it belong to no span
 };
 
@@ -112,8 +114,8 @@ int64_t SpanMaxKept(const int32_t* span_begin, const int32_t* span_end,
                     const int32_t* vector_indptr, int64_t num_spans, int64_t covered_end,
                     int64_t num_tokens, int64_t n_init, int64_t n_local, int64_t token_budget);
 
-size_t SpanSelectWorkspaceBytes(int64_t num_spans, int64_t max_kept, int64_t num_heads,
-                                int64_t k);
+size_t SpanSelectWorkspaceBytes(int64_t num_spans, int64_t num_vectors, int64_t max_kept,
+                                int64_t num_heads, int64_t k);
 
 // About 20 launches, no host synchronisation: span scores; a stable radix sort of the spans by
 // score (CUB); one block takes spans in that order to the budget and builds the kept token

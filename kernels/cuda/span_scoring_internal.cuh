@@ -3,17 +3,17 @@
 // the shared non-template functions (launch sizing, problem checks, output assembly) are defined
 // in span_scoring_common.cu. Included by .cu files only.
 //
-// GroupScoreKernel: sum_h max_i scale * q_h . K[slot_i, h / g] for groups of keys: the spans'
-// index vectors (slot = slots[vector token]) or InfLLM's representatives (slots given). One warp
-// per group; a kv head's d-vector is read by L = d / 8 lanes (16 B each), 32 / L kv heads per
-// "pass", and up to 4 passes' loads are issued together per key (a 2 KB Llama-3 row is one
-// load per lane per pass, all in flight at once). The query sits in shared memory. Partial dots
-// are reduced over the L lanes by xor shuffles; the per-head maxima then sum across the warp in a
-// fixed order. Reads (index vectors) * H_kv * d * 2 bytes of keys; latency-bound per group
-// (a chain of a few dependent loads), so every group gets its own warp.
+// GroupScoreKernel: sum_h max_i scale * q_h . K[slot_i, h / g] for groups of keys, InfLLM's
+// blocks' representatives (slots given). One warp per group; a kv head's d-vector is read by L = d
+// / 8 lanes (16 B each), 32 / L kv heads per "pass", and up to 4 passes' loads are issued together
+// per key (a 2 KB Llama-3 row is one load per lane per pass, all in flight at once). The query sits
+// in shared memory. Partial dots are reduced over the L lanes by xor shuffles; the per-head maxima
+// then sum across the warp in a fixed order. Reads (index vectors) * H_kv * d * 2 bytes of keys;
+// latency-bound per group (a chain of a few dependent loads), so every group gets its own warp.
 //
-// In both modes the keys may be FP8 (e4m3 with per-KV-head scales, 8 B per lane instead of 16,
-// dequantized in registers: the same floats as the bf16 kernel over the dequantized keys).
+// The keys may be FP8 (e4m3 with per-KV-head scales, 8 B per lane instead of 16, dequantized in
+// registers: the same floats as the bf16 kernel over the dequantized keys). (tokenselect_span's
+// span scores used this kernel until the thirty-seventh session: span_select.cu says why not.)
 //
 // Output assembly (span_scoring_common.cu) writes the selected set from the picked units; see
 // AssembleArgs.
@@ -131,42 +131,23 @@ struct MaxOp {
 
 struct GroupScoreArgs {
   float* scores = nullptr;  // [num_groups]; NaN for a group that is not scored
-  // Span mode only: the sort input and the chosen flags (cleared).
-  uint32_t* sort_keys = nullptr;
-  int32_t* sort_values = nullptr;
-  int32_t* chosen = nullptr;
   const float* query = nullptr;
   const void* keys = nullptr;  // bf16 or e4m3 (kv_type, k_scale)
   KvCacheType kv_type = KvCacheType::kBf16;
   const float* k_scale = nullptr;  // FP8: [num_kv_heads]
-  const int32_t* slots = nullptr;
-  const int32_t* span_begin = nullptr;
-  const int32_t* span_end = nullptr;
-  const int32_t* vector_indptr = nullptr;
-  const int32_t* vector_tokens = nullptr;
-  const int32_t* rep_slots = nullptr;  // block mode: [num_groups, reps]
+  const int32_t* rep_slots = nullptr;  // [num_groups, reps]
   int64_t reps = 0;
   int64_t block_size = 0;
   int64_t num_groups = 0;
   int64_t cand_begin = 0;
   int64_t cand_end = 0;
-  int64_t num_tokens = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
   float scale = 1.0f;
   const int32_t* skip = nullptr;  // optional [1]: when *skip != 0, write nothing
 };
 
-// Span i's entry for SpanSelect's sort (best first, ties by lower index, NaN last) and its
-// cleared chosen flag.
-__device__ __forceinline__ void WriteSortEntry(float score, int64_t i, uint32_t* sort_keys,
-                                               int32_t* sort_values, int32_t* chosen) {
-  sort_keys[i] = ~OrderedKey(score);
-  sort_values[i] = static_cast<int32_t>(i);
-  chosen[i] = 0;
-}
-
-template <int D, int G, bool kSpan, bool kFp8>
+template <int D, int G, bool kFp8>
 __global__ void __launch_bounds__(kThreads) GroupScoreKernel(GroupScoreArgs a) {
   // A lane's 8 elements of a key: 16 B of bf16 or 8 B of e4m3.
   using Raw = std::conditional_t<kFp8, uint2, uint4>;
@@ -184,31 +165,15 @@ __global__ void __launch_bounds__(kThreads) GroupScoreKernel(GroupScoreArgs a) {
   const int passes = (a.num_kv_heads + KPW - 1) / KPW;
   const int64_t row_vecs = static_cast<int64_t>(a.num_kv_heads) * L;
 
-  auto item_slot = [&](int64_t item) -> int32_t {
-    if constexpr (kSpan) {
-      return __ldg(a.slots + __ldg(a.vector_tokens + item));
-    } else {
-      return __ldg(a.rep_slots + item);
-    }
-  };
+  auto item_slot = [&](int64_t item) -> int32_t { return __ldg(a.rep_slots + item); };
 
   for (int64_t grp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; grp < a.num_groups;
        grp += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
-    int64_t i0 = 0, i1 = 0;
-    bool valid = false;
-    if constexpr (kSpan) {
-      const int64_t b = max(static_cast<int64_t>(a.span_begin[grp]), a.cand_begin);
-      const int64_t e = min(static_cast<int64_t>(a.span_end[grp]), a.cand_end);
-      i0 = a.vector_indptr[grp];
-      i1 = a.vector_indptr[grp + 1];
-      valid = b < e && i1 > i0 && a.vector_tokens[i1 - 1] < a.num_tokens;
-    } else {
-      const int64_t b0 = a.cand_begin + grp * a.block_size;
-      const int64_t b1 = min(a.cand_end, b0 + a.block_size);
-      i0 = grp * a.reps;
-      i1 = i0 + min(a.reps, b1 - b0);
-      valid = i1 > i0;
-    }
+    const int64_t b0 = a.cand_begin + grp * a.block_size;
+    const int64_t b1 = min(a.cand_end, b0 + a.block_size);
+    const int64_t i0 = grp * a.reps;
+    const int64_t i1 = i0 + min(a.reps, b1 - b0);
+    const bool valid = i1 > i0;
     float total = 0.0f;
     if (valid) {  // warp-uniform
       for (int c0 = 0; c0 < passes; c0 += kPassChunk) {
@@ -264,16 +229,12 @@ __global__ void __launch_bounds__(kThreads) GroupScoreKernel(GroupScoreArgs a) {
       }
       total = WarpSum(total);
     }
-    if (lane == 0) {
-      const float score = valid ? total : __int_as_float(0x7fffffff);
-      a.scores[grp] = score;
-      if constexpr (kSpan) WriteSortEntry(score, grp, a.sort_keys, a.sort_values, a.chosen);
-    }
+    if (lane == 0) a.scores[grp] = valid ? total : __int_as_float(0x7fffffff);
   }
 }
 
-template <bool kSpan>
-cudaError_t LaunchGroupScore(const GroupScoreArgs& a, int64_t head_dim, cudaStream_t stream) {
+inline cudaError_t LaunchGroupScore(const GroupScoreArgs& a, int64_t head_dim,
+                                    cudaStream_t stream) {
   if (a.num_groups == 0) return cudaSuccess;
   SelectionProblem shape;
   shape.num_heads = a.num_heads;
@@ -284,10 +245,10 @@ cudaError_t LaunchGroupScore(const GroupScoreArgs& a, int64_t head_dim, cudaStre
   return DispatchShape(shape, [&](auto d, auto g) {
     constexpr int D = decltype(d)::value, G = decltype(g)::value;
     if (a.kv_type == KvCacheType::kFp8E4M3) {
-      GroupScoreKernel<D, G, kSpan, true><<<grid, kThreads, smem, stream>>>(a);
+      GroupScoreKernel<D, G, true><<<grid, kThreads, smem, stream>>>(a);
       return cudaGetLastError();
     }
-    GroupScoreKernel<D, G, kSpan, false><<<grid, kThreads, smem, stream>>>(a);
+    GroupScoreKernel<D, G, false><<<grid, kThreads, smem, stream>>>(a);
     return cudaGetLastError();
   });
 }

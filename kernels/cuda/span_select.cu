@@ -1,9 +1,16 @@
 // tokenselect_span selection on the GPU: SpanSelect and its workspace (span_scoring.h).
 //
 // Reads the query, the span index (CSR) and the index tokens' keys; writes the span scores, the
-// kept tokens and their soft votes, and the selected set. The span scores are GroupScoreKernel
-// (span_scoring_internal.cuh: one warp per span, reads (index vectors) * H_kv * d * 2 bytes of
-// keys).
+// kept tokens and their soft votes, and the selected set. The span scores: ScoreKeys over every
+// index vector's key (selection.h; reads (index vectors) * H_kv * d * 2 bytes of keys at the
+// scoring kernel's bandwidth), then SpanScoresKernel, a warp per span over those logits (L2-hot:
+// (index vectors) * H * 4 bytes). Until the thirty-seventh session a warp per span read its
+// vectors' keys itself (the group-score kernel InfLLM still uses): latency-bound where spans are
+// short: scores + sort 0.219 ms against 0.179 ms now, SpanSelect 0.281 against 0.239 ms, for 44K
+// spans of 1-5 tokens at 128K (H100, bench_span_cuda --quick --tiny; 0.094 against 0.088 ms with
+// the default 64-512-token spans). Per kernel there (ncu, no cache control): ScoreKeys over the
+// 61K vectors 68 us (125 MB), ChooseSpansKernel 70 us (one block; most of it the index-order
+// merge over all 44K spans), the sort 20 us, SpanScoresKernel 19 us, the soft vote ~40 us.
 //
 // SpanSelect after the span scores:
 //   - CUB's stable radix sort of (~ordered(score), span) puts spans best first, ties by lower
@@ -58,19 +65,92 @@ using span_internal::BaseAssemble;
 using span_internal::Carver;
 using span_internal::Covers;
 using span_internal::GridFor;
-using span_internal::GroupScoreArgs;
 using span_internal::kChooseThreads;
 using span_internal::kNumCounters;
 using span_internal::LaunchAssemble;
-using span_internal::LaunchGroupScore;
 using span_internal::LaunchSelectAll;
 using span_internal::MaxOp;
 using span_internal::MinOp;
+using span_internal::OrderedKey;
 using span_internal::ValidProblem;
+using span_internal::WarpSum;
 
 constexpr int kChooseItems = 8;  // spans per thread in ChooseSpansKernel
 constexpr int kChooseBatch = kChooseThreads * kChooseItems;
 constexpr int kMaxStatBlocks = 256;
+
+// ---------------------------------------------------------------------------------------------
+// Span scores.
+
+constexpr int kScoreWarps = 8;  // spans per block of SpanScoresKernel
+
+// Span i's entry for SpanSelect's sort (best first, ties by lower index, NaN last) and its
+// cleared chosen flag.
+__device__ __forceinline__ void WriteSortEntry(float score, int64_t i, uint32_t* sort_keys,
+                                               int32_t* sort_values, int32_t* chosen) {
+  sort_keys[i] = ~OrderedKey(score);
+  sort_values[i] = static_cast<int32_t>(i);
+  chosen[i] = 0;
+}
+
+// Index vector v's cache slot; for an index token at or past N (a stale index: its span is not
+// scored) token 0's, so that ScoreKeys reads a valid row.
+__global__ void VectorSlotsKernel(int32_t* __restrict__ out, const int32_t* __restrict__ tokens,
+                                  const int32_t* __restrict__ slots, int64_t n, int64_t num_tokens,
+                                  const int32_t* skip) {
+  if (Skipped(skip)) return;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < n;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t t = tokens[v];
+    out[v] = slots[t < num_tokens ? t : 0];
+  }
+}
+
+struct SpanScoresArgs {
+  float* scores;
+  uint32_t* sort_keys;
+  int32_t* sort_values;
+  int32_t* chosen;
+  const float* vec_logits;  // ScoreKeys' logits of the index vectors (LogitIndex over num_vectors)
+  const int32_t* span_begin;
+  const int32_t* span_end;
+  const int32_t* vector_indptr;
+  const int32_t* vector_tokens;
+  int64_t num_spans, num_vectors, cand_begin, cand_end, num_tokens;
+  int num_heads;
+  const int32_t* skip;
+};
+
+// A warp per span: lane l takes heads l, l + 32, ..., each head's maximum over the span's index
+// vectors, and the lanes' sums add up by xor shuffles (a fixed order). NaN for a span outside the
+// candidates, without index vectors, or with an index token at or past N.
+__global__ void SpanScoresKernel(SpanScoresArgs a) {
+  if (Skipped(a.skip)) return;
+  const int lane = threadIdx.x & 31;
+  for (int64_t s = static_cast<int64_t>(blockIdx.x) * kScoreWarps + (threadIdx.x >> 5);
+       s < a.num_spans; s += static_cast<int64_t>(gridDim.x) * kScoreWarps) {
+    const int64_t b = max(static_cast<int64_t>(a.span_begin[s]), a.cand_begin);
+    const int64_t e = min(static_cast<int64_t>(a.span_end[s]), a.cand_end);
+    const int64_t i0 = a.vector_indptr[s], i1 = a.vector_indptr[s + 1];
+    const bool valid = b < e && i1 > i0 && a.vector_tokens[i1 - 1] < a.num_tokens;
+    float total = 0.0f;
+    if (valid) {  // warp-uniform
+      for (int h = lane; h < a.num_heads; h += 32) {
+        float best = -INFINITY;
+        for (int64_t v = i0; v < i1; ++v) {
+          best = fmaxf(best, a.vec_logits[LogitIndex(v, h, a.num_vectors, a.num_heads)]);
+        }
+        total += best;
+      }
+      total = WarpSum(total);
+    }
+    if (lane == 0) {
+      const float score = valid ? total : __int_as_float(0x7fffffff);
+      a.scores[s] = score;
+      WriteSortEntry(score, s, a.sort_keys, a.sort_values, a.chosen);
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Span choice and the kept list.
@@ -374,6 +454,8 @@ size_t SortTempBytes(int64_t num_spans) {
 }
 
 struct SpanWorkspace {
+  int32_t* vec_slots;  // [num_vectors]
+  float* vec_logits;   // [num_vectors * num_heads] (LogitIndex)
   uint32_t* keys_in;
   uint32_t* keys_out;
   int32_t* values_in;
@@ -394,9 +476,11 @@ struct SpanWorkspace {
   int32_t* topk_out;
 };
 
-SpanWorkspace CarveSpan(Carver* c, int64_t num_spans, int64_t max_kept, int64_t num_heads,
-                        int64_t k) {
+SpanWorkspace CarveSpan(Carver* c, int64_t num_spans, int64_t num_vectors, int64_t max_kept,
+                        int64_t num_heads, int64_t k) {
   SpanWorkspace w;
+  w.vec_slots = c->Take<int32_t>(num_vectors);
+  w.vec_logits = c->Take<float>(num_vectors * num_heads);
   w.keys_in = c->Take<uint32_t>(num_spans);
   w.keys_out = c->Take<uint32_t>(num_spans);
   w.values_in = c->Take<int32_t>(num_spans);
@@ -438,24 +522,48 @@ int64_t SpanMaxKept(const int32_t* span_begin, const int32_t* span_end,
   return std::min(end - begin, token_budget + always);
 }
 
-size_t SpanSelectWorkspaceBytes(int64_t num_spans, int64_t max_kept, int64_t num_heads,
-                                int64_t k) {
+size_t SpanSelectWorkspaceBytes(int64_t num_spans, int64_t num_vectors, int64_t max_kept,
+                                int64_t num_heads, int64_t k) {
   Carver c(nullptr);
-  CarveSpan(&c, num_spans, max_kept, num_heads, k);
+  CarveSpan(&c, num_spans, num_vectors, max_kept, num_heads, k);
   return c.used();
 }
 
 namespace {
 
-// Span i's sort entry from its (summed) score, as GroupScoreKernel writes it on one GPU.
+// Span i's sort entry from its (summed) score, as SpanScoresKernel writes it on one GPU.
 __global__ void SortKeysKernel(const float* __restrict__ scores, uint32_t* sort_keys,
                                int32_t* sort_values, int32_t* chosen, int64_t n,
                                const int32_t* skip) {
   if (Skipped(skip)) return;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    span_internal::WriteSortEntry(scores[i], i, sort_keys, sort_values, chosen);
+    WriteSortEntry(scores[i], i, sort_keys, sort_values, chosen);
   }
+}
+
+// ScoreKeys of the problem's query over the keys of `slots` [n] into logits, with the
+// workspace's statistics and scoring scratch.
+KeyScoreParams ScoreRows(const SpanSelectParams& p, const SpanWorkspace& w, const int32_t* slots,
+                         int64_t n, float* logits) {
+  const SelectionProblem& pr = p.problem;
+  KeyScoreParams sp;
+  sp.logits = logits;
+  sp.head_max = w.head_max;
+  sp.head_inv_sum = w.head_inv_sum;
+  sp.query = pr.query;
+  sp.k_cache = pr.k_cache;
+  sp.kv_type = pr.kv_type;
+  sp.k_scale = pr.k_scale;
+  sp.slots = slots;
+  sp.workspace = w.score_ws;
+  sp.n = n;
+  sp.num_heads = pr.num_heads;
+  sp.num_kv_heads = pr.num_kv_heads;
+  sp.head_dim = pr.head_dim;
+  sp.scale = pr.scale;
+  sp.skip = p.skip;
+  return sp;
 }
 
 // What the three parts check and share. `trivial`: a covering budget or k = 0, where only the
@@ -471,8 +579,9 @@ SpanStep PrepareSpanStep(const SpanSelectParams& p) {
   const SelectionProblem& pr = p.problem;
   const SpanIndexView& ix = p.index;
   SpanStep st;
-  st.valid = ValidProblem(pr) && ix.num_spans >= 0 && ix.num_spans <= INT32_MAX - 1 &&
-             p.token_budget >= 0 && p.max_kept >= 0 && p.max_kept <= INT32_MAX &&
+  st.valid = ValidProblem(pr) && ix.num_spans >= 0 && ix.num_vectors >= 0 &&
+             ix.num_vectors <= INT32_MAX && ix.num_spans <= INT32_MAX - 1 && p.token_budget >= 0 &&
+             p.max_kept >= 0 && p.max_kept <= INT32_MAX &&
              // No lookup when the budget covers the cache (selection_cache.h), so no skip either.
              !(Covers(pr) && p.skip != nullptr);
   st.trivial = Covers(pr) || pr.k == 0;
@@ -480,38 +589,44 @@ SpanStep PrepareSpanStep(const SpanSelectParams& p) {
   st.end = pr.num_tokens - pr.n_local;
   if (st.valid && !st.trivial) {
     Carver carver(p.workspace);
-    st.w = CarveSpan(&carver, ix.num_spans, p.max_kept, pr.num_heads, pr.k);
+    st.w = CarveSpan(&carver, ix.num_spans, ix.num_vectors, p.max_kept, pr.num_heads, pr.k);
   }
   return st;
 }
 
-// 1. Span scores (and, on one GPU, their sort entries).
+// 1. Span scores (and, on one GPU, their sort entries): ScoreKeys over every index vector's key,
+// then SpanScoresKernel.
 cudaError_t ScoreSpansPart(const SpanSelectParams& p, const SpanStep& st, cudaStream_t stream) {
   const SelectionProblem& pr = p.problem;
   const SpanIndexView& ix = p.index;
-  GroupScoreArgs g;
-  g.scores = p.span_scores;
-  g.sort_keys = st.w.keys_in;
-  g.sort_values = st.w.values_in;
-  g.chosen = st.w.chosen;
-  g.query = pr.query;
-  g.keys = pr.k_cache;
-  g.kv_type = pr.kv_type;
-  g.k_scale = pr.k_scale;
-  g.slots = pr.slots;
-  g.span_begin = ix.span_begin;
-  g.span_end = ix.span_end;
-  g.vector_indptr = ix.vector_indptr;
-  g.vector_tokens = ix.vector_tokens;
-  g.num_groups = ix.num_spans;
-  g.cand_begin = st.begin;
-  g.cand_end = st.end;
-  g.num_tokens = pr.num_tokens;
-  g.num_heads = static_cast<int>(pr.num_heads);
-  g.num_kv_heads = static_cast<int>(pr.num_kv_heads);
-  g.scale = pr.scale;
-  g.skip = p.skip;
-  return LaunchGroupScore<true>(g, pr.head_dim, stream);
+  if (ix.num_spans == 0) return cudaSuccess;
+  if (ix.num_vectors > 0) {
+    VectorSlotsKernel<<<GridFor(ix.num_vectors, 256, 1024), 256, 0, stream>>>(
+        st.w.vec_slots, ix.vector_tokens, pr.slots, ix.num_vectors, pr.num_tokens, p.skip);
+    TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    // (head_max / head_inv_sum are unused here: the soft vote's statistics overwrite them.)
+    const KeyScoreParams sp = ScoreRows(p, st.w, st.w.vec_slots, ix.num_vectors, st.w.vec_logits);
+    TS_CUDA_RETURN_IF_ERROR(ScoreKeys(sp, stream));
+  }
+  SpanScoresArgs a;
+  a.scores = p.span_scores;
+  a.sort_keys = st.w.keys_in;
+  a.sort_values = st.w.values_in;
+  a.chosen = st.w.chosen;
+  a.vec_logits = st.w.vec_logits;
+  a.span_begin = ix.span_begin;
+  a.span_end = ix.span_end;
+  a.vector_indptr = ix.vector_indptr;
+  a.vector_tokens = ix.vector_tokens;
+  a.num_spans = ix.num_spans;
+  a.num_vectors = ix.num_vectors;
+  a.cand_begin = st.begin;
+  a.cand_end = st.end;
+  a.num_tokens = pr.num_tokens;
+  a.num_heads = static_cast<int>(pr.num_heads);
+  a.skip = p.skip;
+  SpanScoresKernel<<<GridFor(ix.num_spans, kScoreWarps, 4096), kScoreWarps * 32, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 // 2. Best first (rekey: the sort entries from the summed scores first), the budget walk and the
@@ -559,22 +674,8 @@ cudaError_t VoteKeptPart(const SpanSelectParams& p, const SpanStep& st, bool rek
                                                             w.ivl_begin, w.ivl_offset, w.counters,
                                                             pr.slots, n, st.begin, p.skip);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  KeyScoreParams sp;
-  sp.logits = w.logits;
-  sp.head_max = w.head_max;  // overwritten by the statistics over the first m below
-  sp.head_inv_sum = w.head_inv_sum;
-  sp.query = pr.query;
-  sp.k_cache = pr.k_cache;
-  sp.kv_type = pr.kv_type;
-  sp.k_scale = pr.k_scale;
-  sp.slots = w.kept_slots;
-  sp.workspace = w.score_ws;
-  sp.n = n;
-  sp.num_heads = pr.num_heads;
-  sp.num_kv_heads = pr.num_kv_heads;
-  sp.head_dim = pr.head_dim;
-  sp.scale = pr.scale;
-  sp.skip = p.skip;
+  // head_max / head_inv_sum are overwritten by the statistics over the first m below.
+  const KeyScoreParams sp = ScoreRows(p, w, w.kept_slots, n, w.logits);
   TS_CUDA_RETURN_IF_ERROR(ScoreKeys(sp, stream));
   const int stat_blocks = GridFor(n, 64, kMaxStatBlocks);
   const int64_t chunk = (n + stat_blocks - 1) / stat_blocks;

@@ -357,6 +357,7 @@ struct DeviceIndex {
     v.vector_indptr = d_indptr.get();
     v.vector_tokens = d_vec.get();
     v.num_spans = num_spans();
+    v.num_vectors = static_cast<int64_t>(vec_tokens.size());
     v.covered_end = covered_end;
     return v;
   }
@@ -380,8 +381,9 @@ struct SpanBuffers {
         kept(static_cast<size_t>(std::max<int64_t>(max_kept, 1))),
         votes(static_cast<size_t>(std::max<int64_t>(max_kept, 1))),
         num_kept(1),
-        workspace(
-            SpanSelectWorkspaceBytes(index.num_spans(), max_kept, problem.num_heads, problem.k)) {
+        workspace(SpanSelectWorkspaceBytes(index.num_spans(),
+                                           static_cast<int64_t>(index.vec_tokens.size()), max_kept,
+                                           problem.num_heads, problem.k)) {
     workspace.Zero();
     for (auto* b : {&tokens, &count, &kept, &num_kept}) b->Poison();  // unwritten entries show
     scores.Poison();
