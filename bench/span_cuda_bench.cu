@@ -535,7 +535,7 @@ void RunDetection() {
   rope.head_dim = kDim;
   DeviceBuffer<float> inv_freq(RopeInverseFrequencies(rope));
   DeviceBuffer<float> received(c), map(c * c);
-  DeviceBuffer<char> rws(ReceivedAttentionWorkspaceBytes(c, kHeads));
+  DeviceBuffer<char> rws(ChunkAttentionMapWorkspaceBytes(c, kHeads));
   ReceivedAttentionParams rp;
   rp.received = received.get();
   rp.workspace = rws.get();

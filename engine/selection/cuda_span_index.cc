@@ -181,7 +181,7 @@ absl::StatusOr<std::unique_ptr<CudaSpanIndex>> CudaSpanIndex::Create(
   RETURN_IF_ERROR(d.map.Reserve(c * c, 0, stream));
   RETURN_IF_ERROR(d.received.Reserve(c, 0, stream));
   RETURN_IF_ERROR(d.received_workspace.Reserve(
-      static_cast<int64_t>(kc::ReceivedAttentionWorkspaceBytes(c, config.num_heads)), 0, stream));
+      static_cast<int64_t>(kc::ChunkAttentionMapWorkspaceBytes(c, config.num_heads)), 0, stream));
   RETURN_IF_ERROR(
       d.detect_workspace.Reserve(static_cast<int64_t>(kc::SpanDetectWorkspaceBytes(c)), 0, stream));
   RETURN_IF_ERROR(d.out_ints.Reserve(2 + 4 * spans + 1 + tokens, 0, stream));

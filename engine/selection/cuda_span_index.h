@@ -25,8 +25,8 @@
 // its three parts with the span scores and the kept tokens' votes summed between them. Not with
 // TP-invariant numerics (CudaSelectionAttention::Create refuses them). bf16 or FP8 KV caches
 // (the map and SpanSelect dequantize FP8 keys as they read), steps of up to kMaxSpanChunk tokens
-// (the detection's workspace is O(c^2): ~84 bytes per map entry, 22 MB at 512). The host waits once
-// per layer of a multi-token step.
+// (the map's and the detection's workspaces are O(c^2): ~116 bytes per map entry, 30 MB at
+// 512). The host waits once per layer of a multi-token step.
 #ifndef TOKENSELECT_ENGINE_SELECTION_CUDA_SPAN_INDEX_H_
 #define TOKENSELECT_ENGINE_SELECTION_CUDA_SPAN_INDEX_H_
 

@@ -32,8 +32,9 @@
 namespace tokenselect::kernels::cuda {
 
 // map: [num_new, num_new] row-major, written in full; p.received ([num_new]) gets the map's
-// column sums and p.workspace is ReceivedAttentionWorkspaceBytes(num_new, num_heads). Four
-// launches (row statistics, the map by tiles with the heads summed in order, column sums).
+// column sums and p.workspace is ChunkAttentionMapWorkspaceBytes(num_new, num_heads). Up to six
+// launches (row statistics by key splits and their merge, the map by tiles and head parts with
+// each part's heads summed in order, the parts' sum in order, column sums).
 cudaError_t ChunkAttentionMap(const ReceivedAttentionParams& p, float* map, cudaStream_t stream);
 
 // The span detection options (engine's SpanOptions; lambda already chosen for the layer).

@@ -274,6 +274,9 @@ struct ReceivedAttentionParams {
 };
 
 size_t ReceivedAttentionWorkspaceBytes(int64_t num_new, int64_t num_heads);
+// ChunkAttentionMap's (span_detection.h): the above plus its heads' partial maps (8 x c^2 floats
+// for chunks of c <= 1024 tokens). Both are enough for any chunk of up to num_new tokens.
+size_t ChunkAttentionMapWorkspaceBytes(int64_t num_new, int64_t num_heads);
 
 // Three launches, no atomics (the result does not depend on the schedule); fp32 throughout.
 // cudaErrorInvalidValue for a null pointer, an unsupported shape or a bad scale.
