@@ -1,10 +1,11 @@
 // Span detection on the GPU (span_detection.h, DetectChunkSpans): engine/selection/
 // span_detection.cc's DetectSpans, step by step, with the same arithmetic in the same order.
 //
-//   ThresholdKernel    one block: the nearest-rank percentile of the causal entries by a 4-pass
-//                      8-bit radix select over their order-preserving bits
+//   Threshold*Kernel   the nearest-rank percentile of the causal entries by a 4-pass 8-bit
+//                      radix select over their order-preserving bits (a grid-wide histogram and
+//                      a one-block digit choice per pass)
 //   RowScanKernel      a thread per row: the running row sum of A - tau (double), as the CPU's
-//                      TriangleScorer builds it
+//                      TriangleScorer builds it (loads issued 8 ahead of the sequential sums)
 //   ColumnScanKernel   a thread per column: the 2-D prefix sums P, row after row
 //   CandidatesKernel   every span [x, y]: its triangle score from P; a positive score becomes a
 //                      sort key (the double's bits, which order positive doubles), others 0;
@@ -44,8 +45,13 @@ constexpr int kMaxChunk = 8192;    // O(c^2) workspace; x * c + y fits in an int
 
 int64_t NumCandidates(int64_t c) { return c * (c + 1) / 2; }
 
+constexpr int kThresholdWords = 256 / 2 + 2;  // sizeof(ThresholdState) in 8-byte words
+
+struct ThresholdState;
+
 struct Workspace {
   float* tau = nullptr;          // [1]
+  ThresholdState* threshold = nullptr;  // the radix select's histogram and digits
   double* rows = nullptr;        // [c, c]: running row sums of A - tau
   double* prefix = nullptr;      // [(c + 1), (c + 1)]
   uint64_t* keys_in = nullptr;   // [m]
@@ -67,6 +73,7 @@ Workspace Carve(void* base, int64_t c, size_t* total = nullptr) {
   const int64_t m = NumCandidates(c);
   Workspace w;
   w.tau = carver.Take<float>(1);
+  w.threshold = reinterpret_cast<ThresholdState*>(carver.Take<long long>(kThresholdWords));
   w.rows = carver.Take<double>(c * c);
   w.prefix = carver.Take<double>((c + 1) * (c + 1));
   w.keys_in = carver.Take<uint64_t>(m);
@@ -98,56 +105,88 @@ __device__ __forceinline__ float FromOrderedBits(uint32_t u) {
   return __uint_as_float((u & 0x80000000u) != 0 ? (u & 0x7fffffffu) : ~u);
 }
 
-// The rank-th smallest (0-based) of the causal entries map[i, j], j <= i.
-__global__ void __launch_bounds__(kBlock)
-    ThresholdKernel(const float* __restrict__ map, int c, int64_t rank, float* __restrict__ tau) {
-  __shared__ uint32_t hist[256];
-  __shared__ uint32_t s_prefix, s_mask;
-  __shared__ int64_t s_rank;
+// The rank-th smallest (0-based) of the causal entries map[i, j], j <= i, by four 8-bit radix
+// passes over their order-preserving bits, most significant first. Per pass ThresholdHistKernel
+// (a grid over the entries, shared-memory histograms added into the global one) counts the
+// entries that match the digits chosen so far, and ThresholdChooseKernel (one block) picks the
+// digit holding the rank, clears the histogram, and after the last pass writes tau.
+struct ThresholdState {
+  uint32_t hist[256];
+  uint32_t prefix;
+  uint32_t mask;
+  long long rank;
+};
+static_assert(sizeof(ThresholdState) <= kThresholdWords * sizeof(long long), "kThresholdWords");
+
+__global__ void ThresholdInitKernel(ThresholdState* st, int64_t rank) {
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) st->hist[b] = 0;
   if (threadIdx.x == 0) {
-    s_prefix = 0;
-    s_mask = 0;
-    s_rank = rank;
+    st->prefix = 0;
+    st->mask = 0;
+    st->rank = rank;
   }
-  const int total = c * c;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
-    __syncthreads();
-    const uint32_t prefix = s_prefix, mask = s_mask;
-    for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
-      const int i = idx / c, j = idx - i * c;
-      if (j > i) continue;
-      const uint32_t u = OrderedBits(map[idx]);
-      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int64_t below = 0;
-      for (uint32_t b = 0; b < 256; ++b) {
-        if (below + hist[b] > s_rank) {
-          s_prefix |= b << shift;
-          s_mask |= 255u << shift;
-          s_rank -= below;
-          break;
-        }
-        below += hist[b];
-      }
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *tau = FromOrderedBits(s_prefix);
 }
+
+__global__ void ThresholdHistKernel(const float* __restrict__ map, int c, ThresholdState* st,
+                                    int shift) {
+  __shared__ uint32_t hist[256];
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+  __syncthreads();
+  const uint32_t prefix = st->prefix, mask = st->mask;
+  const int64_t total = static_cast<int64_t>(c) * c;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx / c),
+              j = static_cast<int>(idx - static_cast<int64_t>(i) * c);
+    if (j > i) continue;
+    const uint32_t u = OrderedBits(map[idx]);
+    if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+    if (hist[b] != 0) atomicAdd(&st->hist[b], hist[b]);
+  }
+}
+
+__global__ void ThresholdChooseKernel(ThresholdState* st, int shift, float* __restrict__ tau) {
+  if (threadIdx.x == 0) {
+    long long below = 0;
+    for (uint32_t b = 0; b < 256; ++b) {
+      if (below + st->hist[b] > st->rank) {
+        st->prefix |= b << shift;
+        st->mask |= 255u << shift;
+        st->rank -= below;
+        break;
+      }
+      below += st->hist[b];
+    }
+    if (shift == 0) *tau = FromOrderedBits(st->prefix);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) st->hist[b] = 0;
+}
+
+// Loads are issued kBatch at a time ahead of the sums (which stay sequential: the CPU's order).
+constexpr int kBatch = 8;
 
 __global__ void RowScanKernel(const float* __restrict__ map, int c, const float* __restrict__ tau,
                               double* __restrict__ rows) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= c) return;
   const double t = static_cast<double>(*tau);
+  const int64_t base = static_cast<int64_t>(r) * c;
   double row = 0.0;
-  for (int col = 0; col < c; ++col) {
-    const int64_t at = static_cast<int64_t>(r) * c + col;
-    if (col <= r) row += static_cast<double>(map[at]) - t;
-    rows[at] = row;
+  for (int col0 = 0; col0 < c; col0 += kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) v[k] = col0 + k <= r ? map[base + col0 + k] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int col = col0 + k;
+      if (col >= c) break;
+      if (col <= r) row += static_cast<double>(v[k]) - t;
+      rows[base + col] = row;
+    }
   }
 }
 
@@ -163,9 +202,18 @@ __global__ void ColumnScanKernel(const double* __restrict__ rows, int c,
   }
   double acc = 0.0;
   prefix[col + 1] = 0.0;
-  for (int r = 0; r < c; ++r) {
-    acc = acc + rows[static_cast<int64_t>(r) * c + col];
-    prefix[(r + 1) * w + col + 1] = acc;
+  for (int r0 = 0; r0 < c; r0 += kBatch) {
+    double v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      v[k] = r0 + k < c ? rows[static_cast<int64_t>(r0 + k) * c + col] : 0.0;
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (r0 + k >= c) break;
+      acc = acc + v[k];
+      prefix[(r0 + k + 1) * w + col + 1] = acc;
+    }
   }
 }
 
@@ -399,7 +447,17 @@ __global__ void __launch_bounds__(kIndexWarps * 32) IndexTokensKernel(IndexArgs 
     const int count = a.span_count[s];
     for (int j = x + lane; j <= y; j += 32) {
       double sum = 0.0;
-      for (int r = j; r <= y; ++r) sum += a.map[static_cast<int64_t>(r) * c + j];
+      for (int r0 = j; r0 <= y; r0 += kBatch) {
+        float v[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          v[k] = r0 + k <= y ? a.map[static_cast<int64_t>(r0 + k) * c + j] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          if (r0 + k <= y) sum += v[k];
+        }
+      }
       sums[j - x] = sum;
     }
     __syncwarp();
@@ -503,8 +561,15 @@ cudaError_t DetectChunkSpans(const SpanDetectParams& p, cudaStream_t stream) {
   // The CPU's nearest rank: floor(p / 100 * (m - 1)).
   const int64_t rank =
       static_cast<int64_t>(std::floor(o.threshold_percentile / 100.0 * static_cast<double>(m - 1)));
-  ThresholdKernel<<<1, kBlock, 0, stream>>>(p.map, c, rank, w.tau);
+  ThresholdInitKernel<<<1, 256, 0, stream>>>(w.threshold, rank);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const int hist_blocks = static_cast<int>(std::min<int64_t>((p.c * p.c + 1023) / 1024, 264));
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    ThresholdHistKernel<<<hist_blocks, 256, 0, stream>>>(p.map, c, w.threshold, shift);
+    TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    ThresholdChooseKernel<<<1, 256, 0, stream>>>(w.threshold, shift, w.tau);
+    TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
   RowScanKernel<<<(c + 127) / 128, 128, 0, stream>>>(p.map, c, w.tau, w.rows);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   ColumnScanKernel<<<(c + 1 + 127) / 128, 128, 0, stream>>>(w.rows, c, w.prefix);
