@@ -4,8 +4,8 @@
 //   Threshold*Kernel   the nearest-rank percentile of the causal entries by a 4-pass 8-bit
 //                      radix select over their order-preserving bits (a grid-wide histogram and
 //                      a one-block digit choice per pass)
-//   RowScanKernel      a thread per row: the running row sum of A - tau (double), as the CPU's
-//                      TriangleScorer builds it (loads issued 8 ahead of the sequential sums)
+//   RowScanKernel      a warp per row: the running row sum of A - tau (double), as the CPU's
+//                      TriangleScorer builds it (coalesced loads, the sum sequential)
 //   ColumnScanKernel   a thread per column: the 2-D prefix sums P, row after row
 //   CandidatesKernel   every span [x, y]: its triangle score from P; a positive score becomes a
 //                      sort key (the double's bits, which order positive doubles), others 0;
@@ -17,8 +17,9 @@
 //   AssembleKernel     one block: the kept spans in position order (ranks), the gap spans, each
 //                      span's score and index-vector count (neighbours: the adjacent kept
 //                      spans), the CSR offsets (a block scan)
-//   IndexTokensKernel  a warp per span: its tokens' column sums within the triangle (double,
-//                      rows in order), the count best (ties: lower token), written ascending
+//   IndexTokensKernel  a block per span: its tokens' column sums within the triangle (double,
+//                      rows in order; a thread per column), then one warp picks the count best
+//                      (ties: lower token) and writes them ascending
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,8 +40,8 @@ using span_internal::Carver;
 
 constexpr int kBlock = 1024;       // the one-block kernels
 constexpr int kSmemKept = 2048;    // kept spans cached in shared memory by the NMS
-constexpr int kIndexWarps = 8;     // warps per block of IndexTokensKernel
-constexpr int kIndexBlocks = 264;  // a fixed grid; warps stride over the spans
+constexpr int kIndexWarps = 8;     // warps per block of IndexTokensKernel (a block per span)
+constexpr int kIndexBlocks = 264;  // a fixed grid; blocks stride over the spans
 constexpr int kMaxChunk = 8192;    // O(c^2) workspace; x * c + y fits in an int32
 
 int64_t NumCandidates(int64_t c) { return c * (c + 1) / 2; }
@@ -65,7 +66,7 @@ struct Workspace {
   int32_t* sorted_kept = nullptr;  // [m]: by position
   int32_t* gaps = nullptr;         // [2 (c + 1)]: begin, end (inclusive) pairs
   int32_t* span_count = nullptr;   // [max spans]: index tokens per final span
-  double* colsums = nullptr;       // [kIndexBlocks * kIndexWarps, c]
+  double* colsums = nullptr;       // [kIndexBlocks, c]
 };
 
 Workspace Carve(void* base, int64_t c, size_t* total = nullptr) {
@@ -91,7 +92,7 @@ Workspace Carve(void* base, int64_t c, size_t* total = nullptr) {
   w.sorted_kept = carver.Take<int32_t>(m);
   w.gaps = carver.Take<int32_t>(2 * (c + 1));
   w.span_count = carver.Take<int32_t>(SpanDetectMaxSpans(c));
-  w.colsums = carver.Take<double>(static_cast<int64_t>(kIndexBlocks) * kIndexWarps * c);
+  w.colsums = carver.Take<double>(static_cast<int64_t>(kIndexBlocks) * c);
   if (total != nullptr) *total = carver.used();
   return w;
 }
@@ -166,27 +167,32 @@ __global__ void ThresholdChooseKernel(ThresholdState* st, int shift, float* __re
   for (int b = threadIdx.x; b < 256; b += blockDim.x) st->hist[b] = 0;
 }
 
-// Loads are issued kBatch at a time ahead of the sums (which stay sequential: the CPU's order).
+// The column scan and the index tokens' column sums issue their loads kBatch at a time ahead of
+// the sums (which stay sequential: the CPU's order).
 constexpr int kBatch = 8;
 
+// A warp per row: lane l loads column col0 + l (coalesced), and every lane runs the row's
+// sequential sum over the 32 (broadcast by shuffles), keeping the value at its own column.
 __global__ void RowScanKernel(const float* __restrict__ map, int c, const float* __restrict__ tau,
                               double* __restrict__ rows) {
-  const int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= c) return;
+  const int r =
+      static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
+  const int lane = threadIdx.x % 32;
+  if (r >= c) return;  // warp-uniform
   const double t = static_cast<double>(*tau);
   const int64_t base = static_cast<int64_t>(r) * c;
   double row = 0.0;
-  for (int col0 = 0; col0 < c; col0 += kBatch) {
-    float v[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) v[k] = col0 + k <= r ? map[base + col0 + k] : 0.0f;
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int col = col0 + k;
-      if (col >= c) break;
-      if (col <= r) row += static_cast<double>(v[k]) - t;
-      rows[base + col] = row;
+  for (int col0 = 0; col0 < c; col0 += 32) {
+    const int col = col0 + lane;
+    const float v = col < c && col <= r ? map[base + col] : 0.0f;
+    double mine = 0.0;
+    const int n = c - col0 < 32 ? c - col0 : 32;
+    for (int k = 0; k < n; ++k) {
+      const float vk = __shfl_sync(0xffffffffu, v, k);
+      if (col0 + k <= r) row += static_cast<double>(vk) - t;
+      if (k == lane) mine = row;
     }
+    if (col < c) rows[base + col] = mine;
   }
 }
 
@@ -438,14 +444,13 @@ struct IndexArgs {
 
 __global__ void __launch_bounds__(kIndexWarps * 32) IndexTokensKernel(IndexArgs a) {
   const int lane = threadIdx.x % 32;
-  const int warp = blockIdx.x * kIndexWarps + threadIdx.x / 32;
-  const int warps = gridDim.x * kIndexWarps;
   const int c = a.c, S = a.out.counts[0];
-  double* sums = a.colsums + static_cast<int64_t>(warp) * c;
-  for (int s = warp; s < S; s += warps) {
+  double* sums = a.colsums + static_cast<int64_t>(blockIdx.x) * c;
+  for (int s = blockIdx.x; s < S; s += gridDim.x) {
     const int x = a.out.span_x[s], y = a.out.span_y[s];
     const int count = a.span_count[s];
-    for (int j = x + lane; j <= y; j += 32) {
+    // The span's column sums, a thread per column (rows in order).
+    for (int j = x + static_cast<int>(threadIdx.x); j <= y; j += blockDim.x) {
       double sum = 0.0;
       for (int r0 = j; r0 <= y; r0 += kBatch) {
         float v[kBatch];
@@ -460,42 +465,44 @@ __global__ void __launch_bounds__(kIndexWarps * 32) IndexTokensKernel(IndexArgs 
       }
       sums[j - x] = sum;
     }
-    __syncwarp();
-    // count rounds of the best remaining (higher sum, then lower token); picked ones become -1
-    // (column sums are >= 0).
-    for (int round = 0; round < count; ++round) {
-      double best = -1.0;
-      int best_j = INT_MAX;
-      for (int j = x + lane; j <= y; j += 32) {
-        const double v = sums[j - x];
-        if (v > best) {  // lanes visit their tokens ascending: ties keep the lower
-          best = v;
-          best_j = j;
+    __syncthreads();
+    if (threadIdx.x < 32) {  // warp 0 picks the tokens
+      // count rounds of the best remaining (higher sum, then lower token); picked ones become -1
+      // (column sums are >= 0).
+      for (int round = 0; round < count; ++round) {
+        double best = -1.0;
+        int best_j = INT_MAX;
+        for (int j = x + lane; j <= y; j += 32) {
+          const double v = sums[j - x];
+          if (v > best) {  // lanes visit their tokens ascending: ties keep the lower
+            best = v;
+            best_j = j;
+          }
         }
-      }
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        const double ov = __shfl_xor_sync(0xffffffffu, best, off);
-        const int oj = __shfl_xor_sync(0xffffffffu, best_j, off);
-        if (ov > best || (ov == best && oj < best_j)) {
-          best = ov;
-          best_j = oj;
+        for (int off = 16; off > 0; off >>= 1) {
+          const double ov = __shfl_xor_sync(0xffffffffu, best, off);
+          const int oj = __shfl_xor_sync(0xffffffffu, best_j, off);
+          if (ov > best || (ov == best && oj < best_j)) {
+            best = ov;
+            best_j = oj;
+          }
         }
+        if (best_j == INT_MAX) break;  // not reached: counts are at most the span's length
+        if (lane == 0) sums[best_j - x] = -1.0;
+        __syncwarp();
       }
-      if (best_j == INT_MAX) break;  // not reached: counts are at most the span's length
-      if (lane == 0) sums[best_j - x] = -1.0;
-      __syncwarp();
+      // The picked tokens, ascending.
+      int written = a.out.indptr[s];
+      for (int base = x; base <= y; base += 32) {
+        const int j = base + lane;
+        const bool picked = j <= y && sums[j - x] == -1.0;
+        const unsigned ballot = __ballot_sync(0xffffffffu, picked);
+        if (picked) a.out.index_tokens[written + __popc(ballot & ((1u << lane) - 1u))] = j;
+        written += __popc(ballot);
+      }
     }
-    // The picked tokens, ascending.
-    int written = a.out.indptr[s];
-    for (int base = x; base <= y; base += 32) {
-      const int j = base + lane;
-      const bool picked = j <= y && sums[j - x] == -1.0;
-      const unsigned ballot = __ballot_sync(0xffffffffu, picked);
-      if (picked) a.out.index_tokens[written + __popc(ballot & ((1u << lane) - 1u))] = j;
-      written += __popc(ballot);
-    }
-    __syncwarp();
+    __syncthreads();  // the sums are consumed before the next span's
   }
 }
 
@@ -570,7 +577,7 @@ cudaError_t DetectChunkSpans(const SpanDetectParams& p, cudaStream_t stream) {
     ThresholdChooseKernel<<<1, 256, 0, stream>>>(w.threshold, shift, w.tau);
     TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  RowScanKernel<<<(c + 127) / 128, 128, 0, stream>>>(p.map, c, w.tau, w.rows);
+  RowScanKernel<<<(c + 3) / 4, 128, 0, stream>>>(p.map, c, w.tau, w.rows);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   ColumnScanKernel<<<(c + 1 + 127) / 128, 128, 0, stream>>>(w.rows, c, w.prefix);
   TS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
