@@ -444,8 +444,9 @@ absl::Status CudaSpanIndex::Select(int64_t layer, const kc::SelectionProblem& pr
   // calls match; k = 0 (nothing is scored) makes no call on any rank. On a selection-cache hit the
   // sums are unused (AllReduceSumUnless).
   RETURN_IF_ERROR(CudaStatus(kc::SpanScoreSpans(sp, stream), "SpanScoreSpans"));
-  if (problem.k > 0 && S > 0)
+  if (problem.k > 0 && S > 0) {
     RETURN_IF_ERROR(tp->AllReduceSumUnless(sp.span_scores, S, skip, stream));
+  }
   RETURN_IF_ERROR(CudaStatus(kc::SpanVoteKept(sp, stream), "SpanVoteKept"));
   if (problem.k > 0 && max_kept > 0) {
     RETURN_IF_ERROR(tp->AllReduceSumUnless(sp.kept_votes, max_kept, skip, stream));
