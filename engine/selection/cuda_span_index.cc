@@ -143,7 +143,7 @@ struct CudaSpanIndex::Device {
   // SpanSelect's scratch, grown with the index.
   Growable<float> span_scores, kept_votes;
   Growable<int32_t> kept_tokens, num_kept;
-  Growable<char> select_workspace;  // zeroed before each SpanSelect
+  Growable<char> select_workspace;  // SpanSelect's (it clears what must be zero itself)
   int64_t max_tokens = 0;
   int64_t max_new = 0;
   // What one staged copy moves: kStagedSpans / kStagedTokens, or less where the detection's
@@ -417,9 +417,6 @@ absl::Status CudaSpanIndex::Select(int64_t layer, const kc::SelectionProblem& pr
   const int64_t bytes = static_cast<int64_t>(kc::SpanSelectWorkspaceBytes(
       S, index.num_index_tokens(), max_kept, problem.num_heads, problem.k));
   RETURN_IF_ERROR(d.select_workspace.Reserve(bytes, 0, stream));
-  // SpanSelect wants its counters and histograms zero; where they lie moves with the span count.
-  RETURN_IF_ERROR(
-      CudaStatus(cudaMemsetAsync(d.select_workspace.ptr, 0, bytes, stream), "cudaMemsetAsync"));
   kc::SpanSelectParams sp;
   sp.out = out;
   sp.span_scores = d.span_scores.ptr;

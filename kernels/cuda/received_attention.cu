@@ -140,6 +140,17 @@ __device__ __forceinline__ void QuadLogits(const float (*rows)[D + 1], const flo
   }
 }
 
+// (m, z) <- the merge of two softmax partials (max, sum of exp(s - max)) with (om, oz); an empty
+// partial has max -inf and sum 0.
+__device__ __forceinline__ void MergeMaxSum(float om, float oz, float* m, float* z) {
+  const float nm = fmaxf(*m, om);
+  if (nm != -INFINITY) {
+    *z = (*m == -INFINITY ? 0.0f : *z * expf(*m - nm)) +
+         (om == -INFINITY ? 0.0f : oz * expf(om - nm));
+  }
+  *m = nm;
+}
+
 // Pass 1. Thread t owns rows 4 * (t / 8) + i of the tile and, in each key tile, columns
 // (t % 8) + 8 * j (i, j < 4); the 8 threads of a row group combine by xor shuffles.
 template <int D, bool kFp8>
@@ -183,14 +194,8 @@ __global__ void __launch_bounds__(kThreads) RowStatsKernel(Views v) {
   for (int i = 0; i < kQuad; ++i) {
 #pragma unroll
     for (int off = 1; off < kParts; off <<= 1) {
-      const float om = __shfl_xor_sync(0xffffffffu, m[i], off);
-      const float oz = __shfl_xor_sync(0xffffffffu, z[i], off);
-      const float nm = fmaxf(m[i], om);
-      if (nm != -INFINITY) {
-        z[i] = (m[i] == -INFINITY ? 0.0f : z[i] * expf(m[i] - nm)) +
-               (om == -INFINITY ? 0.0f : oz * expf(om - nm));
-      }
-      m[i] = nm;
+      MergeMaxSum(__shfl_xor_sync(0xffffffffu, m[i], off), __shfl_xor_sync(0xffffffffu, z[i], off),
+                  &m[i], &z[i]);
     }
     const int row = r0 + kQuad * rg + i;
     if (part == 0 && row < v.num_new) {
@@ -214,14 +219,8 @@ __global__ void MergeRowStatsKernel(Views v) {
        at += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float m = -INFINITY, z = 0.0f;
     for (int s = 0; s < v.splits; ++s) {
-      const float om = v.stat_partial[s * plane + at];
-      const float oz = v.stat_partial[(v.splits + s) * plane + at];
-      const float nm = fmaxf(m, om);
-      if (nm != -INFINITY) {
-        z = (m == -INFINITY ? 0.0f : z * expf(m - nm)) +
-            (om == -INFINITY ? 0.0f : oz * expf(om - nm));
-      }
-      m = nm;
+      MergeMaxSum(v.stat_partial[s * plane + at], v.stat_partial[(v.splits + s) * plane + at], &m,
+                  &z);
     }
     v.row_max[at] = m;
     v.row_inv_sum[at] = 1.0f / z;

@@ -46,9 +46,14 @@ constexpr int kMaxChunk = 8192;    // O(c^2) workspace; x * c + y fits in an int
 
 int64_t NumCandidates(int64_t c) { return c * (c + 1) / 2; }
 
-constexpr int kThresholdWords = 256 / 2 + 2;  // sizeof(ThresholdState) in 8-byte words
-
-struct ThresholdState;
+// The percentile's radix select (ThresholdHistKernel, ThresholdChooseKernel): the current
+// pass's histogram, the digits chosen so far and the rank left within them.
+struct ThresholdState {
+  uint32_t hist[256];
+  uint32_t prefix;
+  uint32_t mask;
+  long long rank;
+};
 
 struct Workspace {
   float* tau = nullptr;          // [1]
@@ -74,7 +79,7 @@ Workspace Carve(void* base, int64_t c, size_t* total = nullptr) {
   const int64_t m = NumCandidates(c);
   Workspace w;
   w.tau = carver.Take<float>(1);
-  w.threshold = reinterpret_cast<ThresholdState*>(carver.Take<long long>(kThresholdWords));
+  w.threshold = carver.Take<ThresholdState>(1);
   w.rows = carver.Take<double>(c * c);
   w.prefix = carver.Take<double>((c + 1) * (c + 1));
   w.keys_in = carver.Take<uint64_t>(m);
@@ -111,13 +116,6 @@ __device__ __forceinline__ float FromOrderedBits(uint32_t u) {
 // (a grid over the entries, shared-memory histograms added into the global one) counts the
 // entries that match the digits chosen so far, and ThresholdChooseKernel (one block) picks the
 // digit holding the rank, clears the histogram, and after the last pass writes tau.
-struct ThresholdState {
-  uint32_t hist[256];
-  uint32_t prefix;
-  uint32_t mask;
-  long long rank;
-};
-static_assert(sizeof(ThresholdState) <= kThresholdWords * sizeof(long long), "kThresholdWords");
 
 __global__ void ThresholdInitKernel(ThresholdState* st, int64_t rank) {
   for (int b = threadIdx.x; b < 256; b += blockDim.x) st->hist[b] = 0;

@@ -101,7 +101,7 @@ struct SpanSelectParams {
   // vote runs over max_kept entries, the ones past m masked out (so that nothing waits for m on
   // the host). A smaller value than the true m truncates the kept list (num_kept says so).
   int64_t max_kept = 0;
-  void* workspace = nullptr;  // SpanSelectWorkspaceBytes(); zeroed once after allocation
+  void* workspace = nullptr;  // SpanSelectWorkspaceBytes(); no initialisation needed
   // Optional [1] (a selection-cache hit, SelectionCacheCheck): when *skip != 0 no key is read and
   // the selected set is not written (the diagnostics are then unspecified); the sort still runs
   // (CUB takes its length from the host), over the workspace as it is.

@@ -384,7 +384,7 @@ struct SpanBuffers {
         workspace(SpanSelectWorkspaceBytes(index.num_spans(),
                                            static_cast<int64_t>(index.vec_tokens.size()), max_kept,
                                            problem.num_heads, problem.k)) {
-    workspace.Zero();
+    workspace.Poison();  // SpanSelect needs no initialisation
     for (auto* b : {&tokens, &count, &kept, &num_kept}) b->Poison();  // unwritten entries show
     scores.Poison();
     votes.Poison();
