@@ -19,13 +19,16 @@
 //                    tokens (4 k) for the exact soft vote
 //   tokenselect_span-hit  theta = -1 (optional), as tokenselect-hit: the span index is still built
 //                    every step, the selection reads no key
+//   cascade          the Cascading KV cache baseline (optional): every step scores the keys its
+//                    cache holds (k + n_local) and the new ones, then attends the sinks and them
 // The copy bandwidth is a device-to-device cudaMemcpy of 2 GiB measured in the same run, counted
 // as bytes read + written per second (a read-only stream runs at about this rate).
 // Then batched decode (CudaModel::DecodeBatch: one GEMM pass for B requests): B sequences of
 // --batch_context tokens each, dense, decode tokens/s for B = 1, 8, 32.
 //   bench_generate_cuda [--tokens 131072] [--decode 64]
 //                       [--policies dense,tokenselect,tokenselect-hit] [--batch_context 2048]
-//   (--policies may also name quest, infllm, tokenselect_span and tokenselect_span-hit)
+//   (--policies may also name quest, infllm, tokenselect_span, tokenselect_span-hit and
+//   cascade)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -105,7 +108,7 @@ int Main(int argc, char** argv) {
   for (const std::string& policy_name :
        {std::string("dense"), std::string("tokenselect"), std::string("tokenselect-hit"),
         std::string("quest"), std::string("infllm"), std::string("tokenselect_span"),
-        std::string("tokenselect_span-hit")}) {
+        std::string("tokenselect_span-hit"), std::string("cascade")}) {
     if (("," + policies + ",").find("," + policy_name + ",") == std::string::npos) continue;
     const std::string hit_suffix = "-hit";
     const bool always_hit = policy_name.size() > hit_suffix.size() &&
@@ -178,6 +181,8 @@ int Main(int argc, char** argv) {
         scan = 2.0 * n / sel.baselines.quest_page_size * kv_row;
       } else if (sel.policy == SelectionPolicyKind::kInfLlm) {
         scan = n / sel.baselines.infllm_block_size * sel.baselines.infllm_representatives * kv_row;
+      } else if (sel.policy == SelectionPolicyKind::kCascade) {
+        scan = static_cast<double>(sel.k + sel.n_local) * kv_row;  // the held tokens' keys
       } else if (sel.policy == SelectionPolicyKind::kTokenSelectSpan && !always_hit) {
         // The index vectors, then the keys of the kept spans' tokens (the token budget).
         auto states = (*provider)->ExportLayerStates((*model)->stream());

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "engine/model/tp_invariance.h"
 #include "engine/selection/cuda_span_index.h"
+#include "engine/selection/device_arena.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/selection.h"
@@ -22,33 +23,6 @@ namespace {
 namespace kc = kernels::cuda;
 using kc::CudaStatus;
 
-// Device allocations of one provider, freed together.
-class Arena {
- public:
-  ~Arena() {
-    for (void* p : blocks_) cudaFree(p);
-  }
-  template <typename T>
-  absl::Status Get(int64_t count, T** out) {
-    void* p = nullptr;
-    const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
-    const cudaError_t err = cudaMalloc(&p, bytes);
-    if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("GPU selection: out of device memory allocating ", bytes, " bytes"));
-    }
-    RETURN_IF_ERROR(CudaStatus(err, "cudaMalloc"));
-    RETURN_IF_ERROR(CudaStatus(cudaMemset(p, 0, bytes), "cudaMemset"));
-    blocks_.push_back(p);
-    *out = static_cast<T*>(p);
-    return absl::OkStatus();
-  }
-
- private:
-  std::vector<void*> blocks_;
-};
-
 // Budget covers the cache: every policy attends everything (selection_policy.h).
 bool CoversAll(const SelectionOptions& o, int64_t n) { return o.n_init + o.k + o.n_local >= n; }
 
@@ -56,7 +30,8 @@ bool CoversAll(const SelectionOptions& o, int64_t n) { return o.n_init + o.k + o
 int64_t ListBound(const SelectionOptions& o, int64_t n, int64_t m) {
   if (o.policy == SelectionPolicyKind::kDense || CoversAll(o, n)) return n + m;
   if (o.policy == SelectionPolicyKind::kQuest || o.policy == SelectionPolicyKind::kInfLlm ||
-      o.policy == SelectionPolicyKind::kTokenSelectSpan) {
+      o.policy == SelectionPolicyKind::kTokenSelectSpan ||
+      o.policy == SelectionPolicyKind::kCascade) {
     return std::min(n, o.n_init + o.k + o.n_local) + m;
   }
   if (o.policy == SelectionPolicyKind::kStreaming) return o.n_init + o.k + o.n_local + m;
@@ -97,7 +72,7 @@ kc::SelectionProblem StepProblem(const SelectionOptions& o, const ModelConfig& c
 }  // namespace
 
 struct CudaSelectionAttention::Device {
-  Arena arena;
+  DeviceArena arena;
   float* query = nullptr;              // [H * d] the step's selection query (this rank's heads)
   float* full_query = nullptr;         // [tp_size * H * d] every rank's (tensor parallelism)
   float* logits = nullptr;             // [max_candidates, H]
@@ -183,12 +158,13 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     case SelectionPolicyKind::kQuest:
     case SelectionPolicyKind::kInfLlm:
     case SelectionPolicyKind::kTokenSelectSpan:
+    case SelectionPolicyKind::kCascade:
       break;
     default:
       return absl::UnimplementedError(absl::StrCat(
           "selection.policy ", PolicyName(options.policy),
           " has no GPU implementation yet (GPU policies: tokenselect, topk, quest, infllm, "
-          "tokenselect_span, dense, streaming)"));
+          "tokenselect_span, cascade, dense, streaming)"));
   }
   if (options.policy == SelectionPolicyKind::kTokenSelectSpan && invariant_shards > 0) {
     // The chunk map's and the span scores' head sums are not taken in the fixed shard order that
@@ -208,8 +184,10 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
   const bool quest = options.policy == SelectionPolicyKind::kQuest;
   const bool infllm = options.policy == SelectionPolicyKind::kInfLlm;
   const bool span = options.policy == SelectionPolicyKind::kTokenSelectSpan;
+  const bool cascade = options.policy == SelectionPolicyKind::kCascade;
   const bool scores_keys = options.policy == SelectionPolicyKind::kTokenSelect ||
-                           options.policy == SelectionPolicyKind::kTopK || quest || infllm || span;
+                           options.policy == SelectionPolicyKind::kTopK || quest || infllm ||
+                           span || cascade;
   if (scores_keys && ((config.head_dim != 64 && config.head_dim != 128) ||
                       (group != 1 && group != 2 && group != 4 && group != 8))) {
     return absl::UnimplementedError(absl::StrCat(
@@ -276,6 +254,25 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
     RETURN_IF_ERROR(d.arena.Get(layers, &d.hit));
     RETURN_IF_ERROR(d.arena.Get(layers * k, &d.picks));
     RETURN_IF_ERROR(d.arena.Get(layers, &d.num_picks));
+  } else if (cascade) {
+    // The step's list is the held tokens and the new ones: at most max_tokens - n_init.
+    ASSIGN_OR_RETURN(s->cascade_, CudaCascade::Create(options, layers, max_tokens));
+    const int64_t list = std::max<int64_t>(1, max_tokens - options.n_init);
+    RETURN_IF_ERROR(d.arena.Get(row, &d.query));
+    RETURN_IF_ERROR(d.arena.Get(list * heads, &d.logits));
+    RETURN_IF_ERROR(d.arena.Get(heads, &d.head_max));
+    RETURN_IF_ERROR(d.arena.Get(heads, &d.head_inv_sum));
+    RETURN_IF_ERROR(d.arena.Get(list, &d.vote));
+    char* ws = nullptr;
+    RETURN_IF_ERROR(d.arena.Get(static_cast<int64_t>(kc::ScoreKeysWorkspaceBytes(heads)), &ws));
+    d.score_workspace = ws;
+    if (invariant_shards > 0) {
+      RETURN_IF_ERROR(
+          d.arena.Get(static_cast<int64_t>(kc::HeadSoftmaxStatsWorkspaceBytes(list, heads)), &ws));
+      d.stats_workspace = ws;
+    }
+    RETURN_IF_ERROR(d.arena.Get(options.n_init + options.k + options.n_local, &d.selected));
+    RETURN_IF_ERROR(d.arena.Get(1, &d.num_selected));
   } else if (scores_keys && !quest && d.max_candidates > k) {
     RETURN_IF_ERROR(d.arena.Get(row, &d.query));
     RETURN_IF_ERROR(d.arena.Get(d.max_candidates * heads, &d.logits));
@@ -364,10 +361,11 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
     list->kv_indices = query.token_slots;
     list->kv_positions = query.iota;
   } else if (o.policy == SelectionPolicyKind::kQuest || o.policy == SelectionPolicyKind::kInfLlm ||
-             spans_ != nullptr) {
+             spans_ != nullptr || cascade_ != nullptr) {
     RETURN_IF_ERROR(o.policy == SelectionPolicyKind::kQuest    ? SelectQuest(query)
                     : o.policy == SelectionPolicyKind::kInfLlm ? SelectInfLlm(query)
-                                                               : SelectSpan(query));
+                    : spans_ != nullptr                        ? SelectSpan(query)
+                                                               : SelectCascade(query));
     list->kv_indices = d.indices;
     list->kv_positions = d.positions;
   } else {
@@ -399,68 +397,21 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
         lp.hit = skip;
         lp.counters = d.counters + 2 * query.layer;
       }
-      kc::KeyScoreParams sp;
-      sp.logits = d.logits;
-      sp.head_max = d.head_max;
-      sp.head_inv_sum = d.head_inv_sum;
-      sp.query = d.query;
-      sp.k_cache = query.k_cache;
-      sp.kv_type = KernelKvType(query.kv_dtype);
-      sp.k_scale = query.k_scale;
-      sp.slots = query.token_slots + o.n_init;
-      sp.workspace = d.score_workspace;
-      sp.n = candidates;
-      sp.device_n = device_candidates;
-      sp.num_heads = c.num_heads;
-      sp.num_kv_heads = c.num_kv_heads;
-      sp.head_dim = c.head_dim;
-      sp.scale = o.scale;
-      sp.skip = skip;
       if (d.bound_workspace != nullptr && tp == nullptr &&
           candidates >= d.bound_min_candidates) {
         // Long lists on one GPU: the bound-vote selection, no logits in memory.
         kc::BoundVoteParams bp;
-        bp.score = sp;
+        bp.score =
+            ScoreParams(query.token_slots + o.n_init, candidates, device_candidates, skip, query);
         bp.out = picks;
         bp.k = o.k;
         bp.workspace = d.bound_workspace;
         RETURN_IF_ERROR(CudaStatus(kc::BoundVoteSelect(bp, s), "BoundVoteSelect"));
       } else {
-        RETURN_IF_ERROR(CudaStatus(kc::ScoreKeys(sp, s), "ScoreKeys"));
-        const bool soft_vote = o.policy != SelectionPolicyKind::kTopK;
-        if (invariant_shards_ > 0 && soft_vote) {
-          // ScoreKeys' sums of exponentials follow its grid, which follows this rank's head
-          // count: recompute them in an order fixed by n alone.
-          kc::HeadStatsParams hp;
-          hp.head_max = d.head_max;
-          hp.head_inv_sum = d.head_inv_sum;
-          hp.logits = d.logits;
-          hp.workspace = d.stats_workspace;
-          hp.n = candidates;
-          hp.device_n = device_candidates;
-          hp.num_heads = c.num_heads;
-          hp.skip = skip;
-          RETURN_IF_ERROR(CudaStatus(kc::HeadSoftmaxStats(hp, s), "HeadSoftmaxStats"));
-        }
-        kc::VoteParams vp;
-        vp.vote = d.vote;
-        vp.logits = d.logits;
-        vp.head_max = d.head_max;
-        vp.head_inv_sum = d.head_inv_sum;
-        vp.n = candidates;
-        vp.device_n = device_candidates;
-        vp.num_heads = c.num_heads;
-        vp.mode = soft_vote ? kc::VoteMode::kSoftVote : kc::VoteMode::kSumLogits;
-        vp.skip = skip;
         // One GPU: the top-k ranks the votes as written, so the vote builds its first histogram.
         const bool vote_histogram = tp == nullptr;
-        if (vote_histogram) vp.top_k_workspace = d.topk_workspace;
-        RETURN_IF_ERROR(CudaStatus(kc::VoteFromLogits(vp, s), "VoteFromLogits"));
-        // Votes (and summed logits) are sums over heads: add the other ranks' heads. On a cache
-        // hit the votes are stale and the sum unused (TopK skips), but every rank still makes
-        // the call, since the hit flag is on the device and collectives must match; the
-        // peer-memory all-reduce reads the flag (the same on every rank) and moves nothing.
-        if (tp != nullptr) RETURN_IF_ERROR(tp->AllReduceSumUnless(d.vote, candidates, skip, s));
+        RETURN_IF_ERROR(VoteKeys(query, query.token_slots + o.n_init, candidates, device_candidates,
+                                 skip, o.policy != SelectionPolicyKind::kTopK, vote_histogram));
         kc::TopKParams tp;
         tp.out = picks;
         tp.scores = d.vote;
@@ -534,6 +485,8 @@ void CudaSelectionAttention::Account(int64_t layer, int64_t n, int64_t m) {
       const int64_t tail = candidates % block;
       stats_.candidates_scored += candidates / block * reps + std::min(reps, tail);
     }
+  } else if (cascade_ != nullptr) {
+    stats_.candidates_scored += cascade_->ListBound(layer, n);  // held (a bound) + new
   } else if (spans_ != nullptr) {
     // The index vectors (a bound: the spans that meet the candidates are scored); the kept
     // tokens' soft vote is sized on the device.
@@ -735,6 +688,88 @@ absl::Status CudaSelectionAttention::SelectSpan(const CudaAttentionQuery& query)
   return ListFromSelected(query);
 }
 
+kc::KeyScoreParams CudaSelectionAttention::ScoreParams(const int32_t* slots, int64_t n,
+                                                       kc::DeviceLength device_n,
+                                                       const int32_t* skip,
+                                                       const CudaAttentionQuery& query) const {
+  const Device& d = *dev_;
+  kc::KeyScoreParams sp;
+  sp.logits = d.logits;
+  sp.head_max = d.head_max;
+  sp.head_inv_sum = d.head_inv_sum;
+  sp.query = d.query;
+  sp.k_cache = query.k_cache;
+  sp.kv_type = KernelKvType(query.kv_dtype);
+  sp.k_scale = query.k_scale;
+  sp.slots = slots;
+  sp.workspace = d.score_workspace;
+  sp.n = n;
+  sp.device_n = device_n;
+  sp.num_heads = config_.num_heads;
+  sp.num_kv_heads = config_.num_kv_heads;
+  sp.head_dim = config_.head_dim;
+  sp.scale = options_.scale;
+  sp.skip = skip;
+  return sp;
+}
+
+absl::Status CudaSelectionAttention::VoteKeys(const CudaAttentionQuery& query, const int32_t* slots,
+                                              int64_t n, kc::DeviceLength device_n,
+                                              const int32_t* skip, bool soft_vote,
+                                              bool top_k_histogram) {
+  Device& d = *dev_;
+  cudaStream_t s = query.stream;
+  RETURN_IF_ERROR(
+      CudaStatus(kc::ScoreKeys(ScoreParams(slots, n, device_n, skip, query), s), "ScoreKeys"));
+  if (invariant_shards_ > 0 && soft_vote) {
+    // ScoreKeys' sums of exponentials follow its grid, which follows this rank's head count:
+    // recompute them in an order fixed by n alone.
+    kc::HeadStatsParams hp;
+    hp.head_max = d.head_max;
+    hp.head_inv_sum = d.head_inv_sum;
+    hp.logits = d.logits;
+    hp.workspace = d.stats_workspace;
+    hp.n = n;
+    hp.device_n = device_n;
+    hp.num_heads = config_.num_heads;
+    hp.skip = skip;
+    RETURN_IF_ERROR(CudaStatus(kc::HeadSoftmaxStats(hp, s), "HeadSoftmaxStats"));
+  }
+  kc::VoteParams vp;
+  vp.vote = d.vote;
+  vp.logits = d.logits;
+  vp.head_max = d.head_max;
+  vp.head_inv_sum = d.head_inv_sum;
+  vp.n = n;
+  vp.device_n = device_n;
+  vp.num_heads = config_.num_heads;
+  vp.mode = soft_vote ? kc::VoteMode::kSoftVote : kc::VoteMode::kSumLogits;
+  vp.skip = skip;
+  if (top_k_histogram) vp.top_k_workspace = d.topk_workspace;
+  RETURN_IF_ERROR(CudaStatus(kc::VoteFromLogits(vp, s), "VoteFromLogits"));
+  // Votes (and summed logits) are sums over heads: add the other ranks' heads. On a cache hit
+  // the votes are stale and the sum unused (the top-k skips), but every rank still makes the
+  // call, since the hit flag is on the device and collectives must match; the peer-memory
+  // all-reduce reads the flag (the same on every rank) and moves nothing.
+  if (IsSharded(query.tp)) RETURN_IF_ERROR(query.tp->AllReduceSumUnless(d.vote, n, skip, s));
+  return absl::OkStatus();
+}
+
+// cascade: the selection query, the layer's token list (held + new), its soft vote, then the
+// cache update, which writes the selected set.
+absl::Status CudaSelectionAttention::SelectCascade(const CudaAttentionQuery& query) {
+  Device& d = *dev_;
+  RETURN_IF_ERROR(BuildStepQuery(options_, config_, query, d.query));
+  ASSIGN_OR_RETURN(const CudaCascade::List list, cascade_->Begin(query.layer, query.cache_length,
+                                                                 query.token_slots, query.stream));
+  kc::DeviceLength length;
+  length.count = list.length;
+  RETURN_IF_ERROR(VoteKeys(query, list.slots, list.bound, length, nullptr, true, false));
+  RETURN_IF_ERROR(cascade_->Finish(query.layer, query.cache_length, d.vote, d.selected,
+                                   d.num_selected, query.stream));
+  return ListFromSelected(query);
+}
+
 absl::StatusOr<std::vector<SelectionLayerState>> CudaSelectionAttention::ExportLayerStates(
     cudaStream_t stream) const {
   std::vector<SelectionLayerState> states;
@@ -742,6 +777,7 @@ absl::StatusOr<std::vector<SelectionLayerState>> CudaSelectionAttention::ExportL
     RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "span index"));
     return spans_->states();
   }
+  if (cascade_ != nullptr) return cascade_->Export(stream);
   if (options_.policy != SelectionPolicyKind::kInfLlm) return states;
   const Device& d = *dev_;
   states.resize(static_cast<size_t>(config_.num_layers));
@@ -766,6 +802,7 @@ absl::Status CudaSelectionAttention::ImportLayerStates(
                                                    " layers, the model ", config_.num_layers));
   }
   if (spans_ != nullptr) return spans_->Import(states, stream);
+  if (cascade_ != nullptr) return cascade_->Import(states, stream);
   if (options_.policy != SelectionPolicyKind::kInfLlm) {
     return absl::UnimplementedError(absl::StrCat("final.selection_states: selection.policy ",
                                                  PolicyName(options_.policy),

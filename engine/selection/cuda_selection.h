@@ -44,12 +44,19 @@
 //                                              parallelism
 //                                              the map and the span scores and votes are
 //                                              summed over the ranks (no TP-invariant mode)
-// Other policies (head_vote, cascade) have no GPU provider yet, and the
+//   cascade                                    every selecting step: the held tokens of the
+//                                              layer's cascading cache and the tokens cached
+//                                              since its last step, scored and soft-voted with
+//                                              the selection query; their EMA scores updated,
+//                                              the new tokens pushed (CudaCascade,
+//                                              cuda_cascade.h); sinks + every held token
+// The other policy (head_vote) has no GPU provider yet, and the
 // scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
 // Unimplemented naming the policy (or the shape) otherwise. Quest keeps its page bounds per layer:
 // L x ceil(N / page_size) x 2 x kv_dim bf16, 1/8 of the K cache at pages of 16. InfLLM keeps L x
-// max_tokens fp32 received attention (4 bytes per token and layer); its state travels to a decode
-// worker through ExportLayerStates / ImportLayerStates (layer_state.h).
+// max_tokens fp32 received attention (4 bytes per token and layer), cascade L x (k + n_local)
+// (token, score) pairs; their states travel to a decode worker through ExportLayerStates /
+// ImportLayerStates (layer_state.h).
 //
 // Tensor parallelism (docs/parallel.md): one provider per rank, created with the rank's shard
 // config (CudaModel::ShardConfig) and the group size. Each rank scores with its own heads and
@@ -77,6 +84,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/cuda_attention.h"
 #include "engine/model/model_config.h"
+#include "engine/selection/cuda_cascade.h"
 #include "engine/selection/cuda_span_index.h"
 #include "engine/selection/layer_state.h"
 #include "engine/selection/selection_attention.h"
@@ -135,15 +143,15 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   // The per-layer state a disaggregated decode worker needs to continue where this provider
   // stopped (engine/transfer/selection_state.h): for infllm one SelectionLayerState per layer
   // holding the received attention of the tokens observed so far, for tokenselect_span that and
-  // the span index; empty for the other policies
-  // (they keep nothing but the selection cache, which starts empty on a decode worker). Waits
-  // for the stream.
+  // the span index, for cascade the cascading cache; empty for the other policies (they keep
+  // nothing but the selection cache, which starts empty on a decode worker). Waits for the
+  // stream.
   absl::StatusOr<std::vector<SelectionLayerState>> ExportLayerStates(cudaStream_t stream) const;
   // Restores such states before the first step: empty (nothing to do) or one per layer.
-  // InvalidArgument for another count or more tokens than the provider holds, Unimplemented
-  // for states given to a policy other than infllm and tokenselect_span. infllm reads only the
-  // received attention.
-  // Waits for the stream.
+  // InvalidArgument for another count, more tokens than the provider holds or (cascade) a cache
+  // no sequence of pushes could have built, Unimplemented for states given to a policy other
+  // than infllm, tokenselect_span and cascade. infllm reads only the received attention,
+  // cascade only the cascading cache. Waits for the stream.
   absl::Status ImportLayerStates(const std::vector<SelectionLayerState>& states,
                                  cudaStream_t stream);
 
@@ -159,6 +167,20 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   absl::Status SelectInfLlm(const CudaAttentionQuery& query);
   // tokenselect_span's selection over the layer's span index (spans_).
   absl::Status SelectSpan(const CudaAttentionQuery& query);
+  // cascade's selection through the layer's cascading cache (cascade_).
+  absl::Status SelectCascade(const CudaAttentionQuery& query);
+  // ScoreKeys' parameters for the selection query (d.query) against the keys of `slots`.
+  kernels::cuda::KeyScoreParams ScoreParams(const int32_t* slots, int64_t n,
+                                            kernels::cuda::DeviceLength device_n,
+                                            const int32_t* skip,
+                                            const CudaAttentionQuery& query) const;
+  // The selection query against n keys (a bound when device_n is set) -> the soft vote
+  // (soft_vote) or the summed logits in d.vote, summed over the ranks' heads under tensor
+  // parallelism; skip: optional hit flag. top_k_histogram: the vote builds the first histogram
+  // of the TopK that ranks it next (one GPU only).
+  absl::Status VoteKeys(const CudaAttentionQuery& query, const int32_t* slots, int64_t n,
+                        kernels::cuda::DeviceLength device_n, const int32_t* skip, bool soft_vote,
+                        bool top_k_histogram);
   // The step's selection query (d.query) against the layer's selection-cache entry: the hit
   // flag d.hit[layer] on the device (the entry is replaced on a miss). tp: the rank's group
   // under tensor parallelism, else nullptr.
@@ -175,6 +197,7 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   const int invariant_shards_;
   std::unique_ptr<Device> dev_;
   std::unique_ptr<CudaSpanIndex> spans_;  // tokenselect_span only
+  std::unique_ptr<CudaCascade> cascade_;  // cascade only
   SelectionStats stats_;
 };
 

@@ -118,13 +118,19 @@ class CudaGenerationTest : public ::testing::TestWithParam<std::string> {
 };
 
 // Prefill in chunks of 64 (the GPU's prefill attention kernel, and for TokenSelect the GPU
-// selection of every chunk) lands within 2e-2 of the CPU's logits.
+// selection of every chunk) lands within 2e-2 of the CPU's logits. The cascade within 5e-2: its
+// cache keeps, at every boundary, the token of the higher EMA attention score, and on these
+// random models attention is nearly uniform, so the two backends' rounding decides some of those
+// comparisons differently and the caches hold different tokens from then on (llama3-rope,
+// H100, thirty-eighth session: 0.022 at 517 tokens; gpu_cuda_selection_test shows that for
+// equal inputs the GPU's cache is the CPU's, bit for bit).
 bool GpuScores(const ModelConfig& c) { return c.head_dim == 64 || c.head_dim == 128; }
 
 TEST_P(CudaGenerationTest, ChunkedPrefillLogitsMatchTheCpu) {
   for (SelectionPolicyKind policy :
        {SelectionPolicyKind::kDense, SelectionPolicyKind::kTokenSelect,
-        SelectionPolicyKind::kInfLlm, SelectionPolicyKind::kTokenSelectSpan}) {
+        SelectionPolicyKind::kInfLlm, SelectionPolicyKind::kTokenSelectSpan,
+        SelectionPolicyKind::kCascade}) {
     const SelectionOptions sel = SmallBudget(policy);
     if (policy != SelectionPolicyKind::kDense && !GpuScores(config_)) {
       auto refused = CudaSelectionAttention::Create(sel, config_, 1024, 64);
@@ -158,7 +164,8 @@ TEST_P(CudaGenerationTest, ChunkedPrefillLogitsMatchTheCpu) {
       }
       const double rel =
           gpu_test::RelativeL2(gpu_logits.data(), cpu_logits.data(), cpu_logits.size());
-      EXPECT_LE(rel, 2e-2) << PolicyName(policy) << " n=" << n;
+      EXPECT_LE(rel, policy == SelectionPolicyKind::kCascade ? 5e-2 : 2e-2)
+          << PolicyName(policy) << " n=" << n;
       worst = std::max(worst, rel);
     }
     std::printf("%s %s: chunked-prefill logits rel L2 vs CPU worst %.3g\n", GetParam().c_str(),
@@ -170,7 +177,8 @@ TEST_P(CudaGenerationTest, ChunkedPrefillLogitsMatchTheCpu) {
 constexpr SelectionPolicyKind kGreedyPolicies[] = {
     SelectionPolicyKind::kDense,  SelectionPolicyKind::kTokenSelect,
     SelectionPolicyKind::kQuest,  SelectionPolicyKind::kStreaming,
-    SelectionPolicyKind::kInfLlm, SelectionPolicyKind::kTokenSelectSpan};
+    SelectionPolicyKind::kInfLlm, SelectionPolicyKind::kTokenSelectSpan,
+    SelectionPolicyKind::kCascade};
 
 // 32 greedy tokens past any EOS with `policy`'s small budget.
 GenerationOptions GreedyOptions(SelectionPolicyKind policy) {
@@ -284,7 +292,7 @@ TEST_P(CudaGenerationTest, BackendErrors) {
   GenerationOptions options;
   options.sampling.max_new_tokens = 4;
   options.selection.chunk_size = 64;
-  options.selection.policy = SelectionPolicyKind::kCascade;
+  options.selection.policy = SelectionPolicyKind::kHeadVote;
   auto unimplemented = gen.Generate({5, 6, 7}, options, nullptr);
   EXPECT_EQ(unimplemented.status().code(), absl::StatusCode::kUnimplemented);
   options.selection.policy = SelectionPolicyKind::kStreaming;
@@ -393,13 +401,16 @@ TEST_P(CudaGenerationTest, KvCarriedThroughTheHostDecodesLikeTheOriginal) {
 }
 
 // The stateful policies' state (InfLLM: every layer's received attention; tokenselect_span: that
-// and the span index) travels with the K/V: a decode runner that restores it holds the same state
-// and decodes like the runner that did the prefill; the received attention equals the CPU
-// backend's within the two models' rounding.
+// and the span index; cascade: the cascading cache) travels with the K/V: a decode runner that
+// restores it holds the same state and decodes like the runner that did the prefill; the
+// received attention equals the CPU backend's within the two models' rounding. (The cascade's
+// held tokens are printed against the CPU's, not asserted: on these near-uniform attention
+// models its boundary comparisons are near-ties that the models' rounding decides.)
 TEST_P(CudaGenerationTest, StatefulPolicyStateCarriedThroughTheHostDecodesLikeTheOriginal) {
   if (!GpuScores(config_)) GTEST_SKIP() << "infllm on the GPU needs head_dim 64 or 128";
   for (SelectionPolicyKind policy :
-       {SelectionPolicyKind::kInfLlm, SelectionPolicyKind::kTokenSelectSpan}) {
+       {SelectionPolicyKind::kInfLlm, SelectionPolicyKind::kTokenSelectSpan,
+        SelectionPolicyKind::kCascade}) {
     SCOPED_TRACE(PolicyName(policy));
     CarryStateAndDecode(policy);
   }
@@ -428,11 +439,24 @@ void CudaGenerationTest::CarryStateAndDecode(SelectionPolicyKind policy) {
   const std::vector<std::string> cpu_states = (*on_cpu)->CollectSelectionStates();
   ASSERT_EQ(cpu_states.size(), states.size());
   double worst = 0;
-  int same_indexes = 0;
+  int same_indexes = 0, same_caches = 0;
+  const bool cascade = policy == SelectionPolicyKind::kCascade;
   for (size_t l = 0; l < states.size(); ++l) {
     auto got = DeserializeLayerState(states[l]);
     auto want = DeserializeLayerState(cpu_states[l]);
     ASSERT_TRUE(got.ok() && want.ok());
+    if (cascade) {
+      std::vector<int32_t> got_tokens, want_tokens;
+      got->cascade.Tokens(&got_tokens);
+      want->cascade.Tokens(&want_tokens);
+      // The last chunk selected over the tokens before it.
+      const int64_t last_chunk = (n - 1) / sel.chunk_size * sel.chunk_size;
+      EXPECT_EQ(got->cascade.next_token, last_chunk);
+      EXPECT_EQ(want->cascade.next_token, last_chunk);
+      EXPECT_EQ(got_tokens.size(), want_tokens.size());
+      same_caches += got_tokens == want_tokens;
+      continue;
+    }
     ASSERT_EQ(got->received.size(), static_cast<size_t>(n));
     ASSERT_EQ(want->received.size(), static_cast<size_t>(n));
     worst = std::max(worst, gpu_test::RelativeL2(got->received.data(), want->received.data(), n));
@@ -442,9 +466,10 @@ void CudaGenerationTest::CarryStateAndDecode(SelectionPolicyKind policy) {
   }
   std::printf(
       "%s %s: received attention after prefill, rel L2 vs CPU worst layer %.3g; span "
-      "indexes equal to the CPU's in %d of %zu layers\n",
+      "indexes equal to the CPU's in %d of %zu layers; cascading caches holding the CPU's "
+      "tokens in %d\n",
       GetParam().c_str(), std::string(PolicyName(policy)).c_str(), worst, same_indexes,
-      states.size());
+      states.size(), same_caches);
   EXPECT_LE(worst, 2e-2);
 
   auto dst = decode.Start(400, sel);

@@ -72,14 +72,15 @@ inline engine::SelectionOptions SmallBudget(engine::SelectionPolicyKind policy) 
 }
 
 // Whether `policy` picks the attended tokens by scoring keys (TokenSelect, Quest, InfLLM, the
-// span index): there a
+// span index, the cascading cache's scores): there a
 // near-tie in a vote can change the attended set, which moves two runs' logits further apart
 // than rounding alone does.
 inline bool ScoresKeys(engine::SelectionPolicyKind policy) {
   return policy == engine::SelectionPolicyKind::kTokenSelect ||
          policy == engine::SelectionPolicyKind::kQuest ||
          policy == engine::SelectionPolicyKind::kInfLlm ||
-         policy == engine::SelectionPolicyKind::kTokenSelectSpan;
+         policy == engine::SelectionPolicyKind::kTokenSelectSpan ||
+         policy == engine::SelectionPolicyKind::kCascade;
 }
 
 // Where two greedy continuations of the N(0, 0.02) test models (QuietWeights) part, the largest

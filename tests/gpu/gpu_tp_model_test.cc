@@ -283,6 +283,8 @@ class TpModelTest : public ::testing::TestWithParam<TpCase> {
     if (config_.head_dim == 64 || config_.head_dim == 128) {
       out.push_back(SelectionPolicyKind::kTokenSelect);
       out.push_back(SelectionPolicyKind::kQuest);
+      // The cascade's votes take tokenselect's path (TP-invariant numerics included).
+      out.push_back(SelectionPolicyKind::kCascade);
       // InfLLM and tokenselect_span have no TP-invariant numerics (CudaSelectionAttention::
       // Create refuses them).
       if (!GetParam().invariant) {
@@ -354,10 +356,13 @@ TEST_P(TpModelTest, LogitsMatchOneGpu) {
     // (gpu_test::NearTieBound), and the greedy test below bounds where continuations part.
     // tokenselect_span likewise: its spans come from thresholding the chunk map, whose head sum
     // TP takes in another order, so a near-tie there moves a span and the kept tokens with it.
-    const double decode_bound =
-        policy == SelectionPolicyKind::kInfLlm || policy == SelectionPolicyKind::kTokenSelectSpan
-            ? gpu_test::NearTieBound(policy)
-            : 2e-2;
+    // The cascade too: its boundary comparisons of EMA attention scores are near-ties on these
+    // models, which the votes' other summation order can decide the other way.
+    const double decode_bound = policy == SelectionPolicyKind::kInfLlm ||
+                                        policy == SelectionPolicyKind::kTokenSelectSpan ||
+                                        policy == SelectionPolicyKind::kCascade
+                                    ? gpu_test::NearTieBound(policy)
+                                    : 2e-2;
     EXPECT_LE(worst_decode, decode_bound) << PolicyName(policy);
     std::printf("%s TP=%d %s: logits rel L2 vs 1 GPU, worst prefill %.3g, worst decode %.3g\n",
                 GetParam().model.c_str(), GetParam().tp, std::string(PolicyName(policy)).c_str(),
