@@ -21,14 +21,16 @@
 //                    every step, the selection reads no key
 //   cascade          the Cascading KV cache baseline (optional): every step scores the keys its
 //                    cache holds (k + n_local) and the new ones, then attends the sinks and them
+//   head_vote        TokenSelect's hard-vote ablation (optional): the same key scan, then a
+//                    top-k per head and the vote over them (a head at a time)
 // The copy bandwidth is a device-to-device cudaMemcpy of 2 GiB measured in the same run, counted
 // as bytes read + written per second (a read-only stream runs at about this rate).
 // Then batched decode (CudaModel::DecodeBatch: one GEMM pass for B requests): B sequences of
 // --batch_context tokens each, dense, decode tokens/s for B = 1, 8, 32.
 //   bench_generate_cuda [--tokens 131072] [--decode 64]
 //                       [--policies dense,tokenselect,tokenselect-hit] [--batch_context 2048]
-//   (--policies may also name quest, infllm, tokenselect_span, tokenselect_span-hit and
-//   cascade)
+//   (--policies may also name quest, infllm, tokenselect_span, tokenselect_span-hit, cascade and
+//   head_vote)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -108,7 +110,7 @@ int Main(int argc, char** argv) {
   for (const std::string& policy_name :
        {std::string("dense"), std::string("tokenselect"), std::string("tokenselect-hit"),
         std::string("quest"), std::string("infllm"), std::string("tokenselect_span"),
-        std::string("tokenselect_span-hit"), std::string("cascade")}) {
+        std::string("tokenselect_span-hit"), std::string("cascade"), std::string("head_vote")}) {
     if (("," + policies + ",").find("," + policy_name + ",") == std::string::npos) continue;
     const std::string hit_suffix = "-hit";
     const bool always_hit = policy_name.size() > hit_suffix.size() &&

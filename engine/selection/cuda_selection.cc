@@ -87,6 +87,12 @@ struct CudaSelectionAttention::Device {
   void* bound_workspace = nullptr;
   int64_t bound_min_candidates = 0;
   int32_t* prefill_picks = nullptr;    // [k]
+  // head_vote: one head's logits (then the ranked row), the votes, one head's picks, the
+  // histogram of the votes.
+  float* column = nullptr;            // [max_candidates]
+  float* counts = nullptr;            // [max_candidates]
+  int32_t* head_picks = nullptr;      // [k]
+  int32_t* vote_histogram = nullptr;  // [tp_size * H + 1]
   // Per layer: the selection-cache entry and its picks, the hit flag, hit/miss counters.
   float* cached_query = nullptr;       // [L, tp_size * H * d]: over all ranks' heads
   int32_t* cached_valid = nullptr;     // [L]
@@ -153,6 +159,7 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
   switch (options.policy) {
     case SelectionPolicyKind::kTokenSelect:
     case SelectionPolicyKind::kTopK:
+    case SelectionPolicyKind::kHeadVote:
     case SelectionPolicyKind::kDense:
     case SelectionPolicyKind::kStreaming:
     case SelectionPolicyKind::kQuest:
@@ -185,9 +192,10 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
   const bool infllm = options.policy == SelectionPolicyKind::kInfLlm;
   const bool span = options.policy == SelectionPolicyKind::kTokenSelectSpan;
   const bool cascade = options.policy == SelectionPolicyKind::kCascade;
+  const bool head_vote = options.policy == SelectionPolicyKind::kHeadVote;
   const bool scores_keys = options.policy == SelectionPolicyKind::kTokenSelect ||
-                           options.policy == SelectionPolicyKind::kTopK || quest || infllm ||
-                           span || cascade;
+                           options.policy == SelectionPolicyKind::kTopK || head_vote || quest ||
+                           infllm || span || cascade;
   if (scores_keys && ((config.head_dim != 64 && config.head_dim != 128) ||
                       (group != 1 && group != 2 && group != 4 && group != 8))) {
     return absl::UnimplementedError(absl::StrCat(
@@ -299,6 +307,12 @@ absl::StatusOr<std::unique_ptr<CudaSelectionAttention>> CudaSelectionAttention::
       d.bound_min_candidates = std::max<int64_t>(bound_vote_min_candidates, 1);
     }
     RETURN_IF_ERROR(d.arena.Get(k, &d.prefill_picks));
+    if (head_vote) {
+      RETURN_IF_ERROR(d.arena.Get(d.max_candidates, &d.column));
+      RETURN_IF_ERROR(d.arena.Get(d.max_candidates, &d.counts));
+      RETURN_IF_ERROR(d.arena.Get(k, &d.head_picks));
+      RETURN_IF_ERROR(d.arena.Get(heads * tp_size + 1, &d.vote_histogram));
+    }
     if (tp_size > 1) RETURN_IF_ERROR(d.arena.Get(tp_size * row, &d.full_query));
     RETURN_IF_ERROR(d.arena.Get(layers * tp_size * row, &d.cached_query));
     RETURN_IF_ERROR(d.arena.Get(layers, &d.cached_valid));
@@ -407,6 +421,8 @@ absl::Status CudaSelectionAttention::Select(const CudaAttentionQuery& query,
         bp.k = o.k;
         bp.workspace = d.bound_workspace;
         RETURN_IF_ERROR(CudaStatus(kc::BoundVoteSelect(bp, s), "BoundVoteSelect"));
+      } else if (o.policy == SelectionPolicyKind::kHeadVote) {
+        RETURN_IF_ERROR(HeadVotePicks(query, candidates, device_candidates, skip, picks));
       } else {
         // One GPU: the top-k ranks the votes as written, so the vote builds its first histogram.
         const bool vote_histogram = tp == nullptr;
@@ -753,6 +769,66 @@ absl::Status CudaSelectionAttention::VoteKeys(const CudaAttentionQuery& query, c
   // all-reduce reads the flag (the same on every rank) and moves nothing.
   if (IsSharded(query.tp)) RETURN_IF_ERROR(query.tp->AllReduceSumUnless(d.vote, n, skip, s));
   return absl::OkStatus();
+}
+
+// head_vote: the summed logits (VoteKeys), then each head's top k counted as votes (summed over
+// the ranks' heads under tensor parallelism), then the ranking of HeadVote (head_vote.h).
+absl::Status CudaSelectionAttention::HeadVotePicks(const CudaAttentionQuery& query,
+                                                   int64_t candidates,
+                                                   kc::DeviceLength device_candidates,
+                                                   const int32_t* skip, int32_t* picks) {
+  Device& d = *dev_;
+  const SelectionOptions& o = options_;
+  cudaStream_t s = query.stream;
+  const int32_t* slots = query.token_slots + o.n_init;
+  RETURN_IF_ERROR(VoteKeys(query, slots, candidates, device_candidates, skip, false, false));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(d.counts, 0, candidates * sizeof(float), s), "memset"));
+  kc::TopKParams tk;
+  tk.workspace = d.topk_workspace;
+  tk.n = candidates;
+  tk.device_n = device_candidates;
+  tk.k = o.k;
+  tk.skip = skip;
+  for (int64_t h = 0; h < config_.num_heads; ++h) {
+    kc::HeadColumnParams cp;
+    cp.column = d.column;
+    cp.logits = d.logits;
+    cp.n = candidates;
+    cp.device_n = device_candidates;
+    cp.num_heads = config_.num_heads;
+    cp.head = h;
+    cp.skip = skip;
+    RETURN_IF_ERROR(CudaStatus(kc::HeadLogitColumn(cp, s), "HeadLogitColumn"));
+    tk.out = d.head_picks;
+    tk.scores = d.column;
+    RETURN_IF_ERROR(CudaStatus(kc::TopK(tk, s), "TopK"));
+    kc::HeadVoteCountParams vp;
+    vp.counts = d.counts;
+    vp.picks = d.head_picks;
+    vp.n = candidates;
+    vp.device_n = device_candidates;
+    vp.k = o.k;
+    vp.skip = skip;
+    RETURN_IF_ERROR(CudaStatus(kc::AddHeadVotes(vp, s), "AddHeadVotes"));
+  }
+  if (IsSharded(query.tp)) {
+    RETURN_IF_ERROR(query.tp->AllReduceSumUnless(d.counts, candidates, skip, s));
+  }
+  kc::HeadVoteRankParams rp;
+  rp.ranked = d.column;
+  rp.histogram = d.vote_histogram;
+  rp.counts = d.counts;
+  rp.summed = d.vote;
+  rp.n = candidates;
+  rp.device_n = device_candidates;
+  rp.k = o.k;
+  rp.max_votes = config_.num_heads * tp_size_;
+  rp.skip = skip;
+  RETURN_IF_ERROR(CudaStatus(kc::HeadVoteRankScores(rp, s), "HeadVoteRankScores"));
+  tk.out = picks;
+  tk.scores = d.column;
+  return CudaStatus(kc::TopK(tk, s), "TopK");
 }
 
 // cascade: the selection query, the layer's token list (held + new), its soft vote, then the

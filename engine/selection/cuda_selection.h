@@ -50,9 +50,13 @@
 //                                              the selection query; their EMA scores updated,
 //                                              the new tokens pushed (CudaCascade,
 //                                              cuda_cascade.h); sinks + every held token
-// The other policy (head_vote) has no GPU provider yet, and the
-// scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
-// Unimplemented naming the policy (or the shape) otherwise. Quest keeps its page bounds per layer:
+//   head_vote                                  as tokenselect up to the logits; then each
+//                                              head's top k (HeadLogitColumn + TopK, a head at
+//                                              a time) counted as votes, and the k candidates
+//                                              with the most votes, ties by summed logits
+//                                              (HeadVoteRankScores + TopK)
+// The scoring kernels take head_dim 64/128 with query-head groups 1/2/4/8: Create returns
+// Unimplemented naming the shape otherwise. Quest keeps its page bounds per layer:
 // L x ceil(N / page_size) x 2 x kv_dim bf16, 1/8 of the K cache at pages of 16. InfLLM keeps L x
 // max_tokens fp32 received attention (4 bytes per token and layer), cascade L x (k + n_local)
 // (token, score) pairs; their states travel to a decode worker through ExportLayerStates /
@@ -167,6 +171,10 @@ class CudaSelectionAttention : public CudaAttentionProvider {
   absl::Status SelectInfLlm(const CudaAttentionQuery& query);
   // tokenselect_span's selection over the layer's span index (spans_).
   absl::Status SelectSpan(const CudaAttentionQuery& query);
+  // head_vote's picks (candidate offsets, ascending) of a step's candidates into `picks`.
+  absl::Status HeadVotePicks(const CudaAttentionQuery& query, int64_t candidates,
+                             kernels::cuda::DeviceLength device_candidates, const int32_t* skip,
+                             int32_t* picks);
   // cascade's selection through the layer's cascading cache (cascade_).
   absl::Status SelectCascade(const CudaAttentionQuery& query);
   // ScoreKeys' parameters for the selection query (d.query) against the keys of `slots`.

@@ -244,6 +244,47 @@ BoundVoteWorkspace CarveBoundVoteWorkspace(void* workspace, int64_t n, int64_t n
 bool BoundVoteSupported(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 cudaError_t BoundVoteSelect(const BoundVoteParams& params, cudaStream_t stream);
 
+// The hard head vote (engine/selection/head_vote.h's HeadVote, the TokenSelect ablation) from
+// ScoreKeys' logits, around TopK (head_vote.cu): for each head h, HeadLogitColumn copies its
+// logits into a row and TopK picks its k best, which AddHeadVotes counts; VoteFromLogits
+// (kSumLogits) gives the summed logits; HeadVoteRankScores turns counts and sums into one row
+// that TopK ranks as HeadVote does: with c* the largest count that at least min(k, n)
+// candidates reach, +inf where count > c* (fewer than k: all win), the summed logit where
+// count == c* (the best of them win, ties to the lower index), -inf below.
+struct HeadColumnParams {
+  float* column = nullptr;        // [n]: logits[j, head]
+  const float* logits = nullptr;  // ScoreKeys' (LogitIndex at the bound n)
+  int64_t n = 0;                  // a bound when device_n is set
+  DeviceLength device_n;
+  int64_t num_heads = 0;
+  int64_t head = 0;
+  const int32_t* skip = nullptr;  // optional [1]: when *skip != 0, write nothing
+};
+cudaError_t HeadLogitColumn(const HeadColumnParams& params, cudaStream_t stream);
+
+struct HeadVoteCountParams {
+  float* counts = nullptr;         // [n]: += 1 at every pick
+  const int32_t* picks = nullptr;  // [min(k, n)] distinct (TopK's)
+  int64_t n = 0;                   // a bound when device_n is set
+  DeviceLength device_n;
+  int64_t k = 0;
+  const int32_t* skip = nullptr;
+};
+cudaError_t AddHeadVotes(const HeadVoteCountParams& params, cudaStream_t stream);
+
+struct HeadVoteRankParams {
+  float* ranked = nullptr;        // [n] (out)
+  int32_t* histogram = nullptr;   // [max_votes + 1] scratch (cleared by the call)
+  const float* counts = nullptr;  // [n] votes per candidate (summed over every rank's heads)
+  const float* summed = nullptr;  // [n] summed logits (the same)
+  int64_t n = 0;                  // a bound when device_n is set
+  DeviceLength device_n;
+  int64_t k = 0;
+  int64_t max_votes = 0;  // the head count over all ranks, up to 4096
+  const int32_t* skip = nullptr;
+};
+cudaError_t HeadVoteRankScores(const HeadVoteRankParams& params, cudaStream_t stream);
+
 struct CacheCheckParams {
   int32_t* hit = nullptr;           // [1] out: 1 when *cached_valid and cosine(query, cached_query)
                                     // >= theta, else 0

@@ -29,16 +29,18 @@ TEST_P(CudaSelectionTest, PrefillChunkListsMatchTheCpuPolicy) {
   // bound 1: TokenSelect by the bound-vote selection (BoundVoteSelect) at every length, where
   // the shape allows it (head_dim 128, groups of 4), else the plain chain again.
   using Case = std::tuple<SelectionPolicyKind, int64_t, int64_t>;
-  for (const auto& [kind, k, bound] : std::vector<Case>{
-           {SelectionPolicyKind::kTokenSelect, 300, kBoundVoteMinCandidates},
-           {SelectionPolicyKind::kTopK, 300, kBoundVoteMinCandidates},
-           {SelectionPolicyKind::kQuest, 300, kBoundVoteMinCandidates},
-           {SelectionPolicyKind::kStreaming, 300, kBoundVoteMinCandidates},
-           {SelectionPolicyKind::kDense, 300, kBoundVoteMinCandidates},
-           {SelectionPolicyKind::kTokenSelect, 1500, kBoundVoteMinCandidates},
-           {SelectionPolicyKind::kStreaming, 1500, kBoundVoteMinCandidates},
-           {SelectionPolicyKind::kTokenSelect, 300, 1},
-           {SelectionPolicyKind::kTokenSelect, 1500, 1}}) {
+  for (const auto& [kind, k, bound] :
+       std::vector<Case>{{SelectionPolicyKind::kTokenSelect, 300, kBoundVoteMinCandidates},
+                         {SelectionPolicyKind::kTopK, 300, kBoundVoteMinCandidates},
+                         {SelectionPolicyKind::kHeadVote, 300, kBoundVoteMinCandidates},
+                         {SelectionPolicyKind::kHeadVote, 1500, kBoundVoteMinCandidates},
+                         {SelectionPolicyKind::kQuest, 300, kBoundVoteMinCandidates},
+                         {SelectionPolicyKind::kStreaming, 300, kBoundVoteMinCandidates},
+                         {SelectionPolicyKind::kDense, 300, kBoundVoteMinCandidates},
+                         {SelectionPolicyKind::kTokenSelect, 1500, kBoundVoteMinCandidates},
+                         {SelectionPolicyKind::kStreaming, 1500, kBoundVoteMinCandidates},
+                         {SelectionPolicyKind::kTokenSelect, 300, 1},
+                         {SelectionPolicyKind::kTokenSelect, 1500, 1}}) {
     const SelectionOptions opt = TestOptions(kind, 16, k, 64, chunk);
     auto provider =
         CudaSelectionAttention::Create(opt, config_, 5000 + chunk, chunk, 1, 0, bound);
@@ -135,15 +137,23 @@ void ExpectCacheCountersMatch(const SelectionCacheCounters& gpu, const Selection
 // Decode steps through the selection cache: the GPU's hit decisions, counters and lists equal
 // the CPU SelectionCache's, for queries that drift slowly (hits at theta 0.9 happen) and for the
 // theta extremes; by the plain chain and by the bound-vote selection (bound 1, where the shape
-// allows it: a hit's skip flag must leave the cached picks as they are).
+// allows it: a hit's skip flag must leave the cached picks as they are); and the head vote
+// through the cache (a hit skips its per-head top-k's too).
 TEST_P(CudaSelectionTest, DecodeStepsThroughTheCacheMatchTheCpu) {
   std::mt19937 rng(7);
   const int64_t first = 3000, steps = 40;
   SetUpCache(first + steps, &rng);
-  for (const auto& [theta, bound] : std::vector<std::pair<double, int64_t>>{
-           {0.9, kBoundVoteMinCandidates}, {-1.0, kBoundVoteMinCandidates},
-           {1.01, kBoundVoteMinCandidates}, {0.9, 1}, {1.01, 1}}) {
+  using Case = std::tuple<double, int64_t, SelectionPolicyKind>;
+  const SelectionPolicyKind ts = SelectionPolicyKind::kTokenSelect;
+  for (const auto& [theta, bound, kind] :
+       std::vector<Case>{{0.9, kBoundVoteMinCandidates, ts},
+                         {-1.0, kBoundVoteMinCandidates, ts},
+                         {1.01, kBoundVoteMinCandidates, ts},
+                         {0.9, 1, ts},
+                         {1.01, 1, ts},
+                         {0.9, kBoundVoteMinCandidates, SelectionPolicyKind::kHeadVote}}) {
     SelectionOptions opt;
+    opt.policy = kind;
     opt.n_init = 8;
     opt.k = 200;
     opt.n_local = 32;
@@ -344,11 +354,14 @@ TEST_P(CudaSelectionTest, RefusesPoliciesWithoutGpuKernelsAndBadSteps) {
   std::mt19937 rng(1);
   SetUpCache(100, &rng);
   SelectionOptions opt;
+  // A scoring policy on a head_dim the scoring kernels do not take.
   opt.policy = SelectionPolicyKind::kHeadVote;
-  auto refused = CudaSelectionAttention::Create(opt, config_, 100, 8);
+  ModelConfig odd = config_;
+  odd.head_dim = 96;
+  auto refused = CudaSelectionAttention::Create(opt, odd, 100, 8);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(refused.status().message().find("head_vote"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("head_dim"), std::string::npos);
   opt.policy = SelectionPolicyKind::kTokenSelect;
   opt.k = -1;
   auto invalid = CudaSelectionAttention::Create(opt, config_, 100, 8);

@@ -356,7 +356,8 @@ TEST(Fp8SelectionProviderTest, ListsEqualThoseOverTheDequantizedCache) {
   // those spans are candidates, scored from their FP8 index vectors.
   for (SelectionPolicyKind policy :
        {SelectionPolicyKind::kTokenSelect, SelectionPolicyKind::kTopK, SelectionPolicyKind::kQuest,
-        SelectionPolicyKind::kTokenSelectSpan, SelectionPolicyKind::kCascade}) {
+        SelectionPolicyKind::kTokenSelectSpan, SelectionPolicyKind::kCascade,
+        SelectionPolicyKind::kHeadVote}) {
     SelectionOptions opt;
     opt.policy = policy;
     opt.n_init = 16;

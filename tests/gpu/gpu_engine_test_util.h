@@ -72,7 +72,7 @@ inline engine::SelectionOptions SmallBudget(engine::SelectionPolicyKind policy) 
 }
 
 // Whether `policy` picks the attended tokens by scoring keys (TokenSelect, Quest, InfLLM, the
-// span index, the cascading cache's scores): there a
+// span index, the cascading cache's scores, the head vote): there a
 // near-tie in a vote can change the attended set, which moves two runs' logits further apart
 // than rounding alone does.
 inline bool ScoresKeys(engine::SelectionPolicyKind policy) {
@@ -80,7 +80,8 @@ inline bool ScoresKeys(engine::SelectionPolicyKind policy) {
          policy == engine::SelectionPolicyKind::kQuest ||
          policy == engine::SelectionPolicyKind::kInfLlm ||
          policy == engine::SelectionPolicyKind::kTokenSelectSpan ||
-         policy == engine::SelectionPolicyKind::kCascade;
+         policy == engine::SelectionPolicyKind::kCascade ||
+         policy == engine::SelectionPolicyKind::kHeadVote;
 }
 
 // Where two greedy continuations of the N(0, 0.02) test models (QuietWeights) part, the largest

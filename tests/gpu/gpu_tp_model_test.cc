@@ -283,8 +283,10 @@ class TpModelTest : public ::testing::TestWithParam<TpCase> {
     if (config_.head_dim == 64 || config_.head_dim == 128) {
       out.push_back(SelectionPolicyKind::kTokenSelect);
       out.push_back(SelectionPolicyKind::kQuest);
-      // The cascade's votes take tokenselect's path (TP-invariant numerics included).
+      // The cascade's votes take tokenselect's path, the head vote's summed logits topk's and
+      // its vote counts are exact (TP-invariant numerics included).
       out.push_back(SelectionPolicyKind::kCascade);
+      out.push_back(SelectionPolicyKind::kHeadVote);
       // InfLLM and tokenselect_span have no TP-invariant numerics (CudaSelectionAttention::
       // Create refuses them).
       if (!GetParam().invariant) {
