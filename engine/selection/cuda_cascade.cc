@@ -48,10 +48,18 @@ kc::CascadeLayer CudaCascade::Layer(int64_t layer) const {
   return l;
 }
 
+bool CudaCascade::Restarts(int64_t layer, int64_t num_tokens) const {
+  const int64_t next = next_[static_cast<size_t>(layer)];
+  return next < 0 || next > num_tokens;
+}
+
+int64_t CudaCascade::FirstNew(int64_t layer, int64_t num_tokens) const {
+  const int64_t next = Restarts(layer, num_tokens) ? 0 : next_[static_cast<size_t>(layer)];
+  return std::max(next, options_.n_init);
+}
+
 int64_t CudaCascade::ListBound(int64_t layer, int64_t num_tokens) const {
-  int64_t next = next_[static_cast<size_t>(layer)];
-  if (next < 0 || next > num_tokens) next = 0;
-  next = std::max(next, options_.n_init);
+  const int64_t next = FirstNew(layer, num_tokens);
   // Held tokens were pushed: at most next - n_init of them, and at most the capacity.
   return std::min(total_, next - options_.n_init) + (num_tokens - next);
 }
@@ -64,17 +72,16 @@ absl::StatusOr<CudaCascade::List> CudaCascade::Begin(int64_t layer, int64_t num_
     return absl::InvalidArgumentError(
         absl::StrCat("GPU cascade: layer ", layer, " with ", num_tokens, " cached tokens"));
   }
-  int64_t& next = next_[static_cast<size_t>(layer)];
   const int64_t subs = static_cast<int64_t>(capacities_.size());
-  if (next < 0 || next > num_tokens) {  // first selection, or a rollback: the cache restarts
+  if (Restarts(layer, num_tokens)) {  // first selection, or a rollback: the cache restarts
     RETURN_IF_ERROR(
         CudaStatus(cudaMemsetAsync(meta_ + layer * subs * 3, 0, subs * 3 * sizeof(int64_t), stream),
                    "cascade reset"));
-    next = 0;
   }
   List list;
   list.bound = ListBound(layer, num_tokens);
-  next = std::max(next, options_.n_init);
+  const int64_t next = FirstNew(layer, num_tokens);
+  next_[static_cast<size_t>(layer)] = next;
   kc::CascadeGatherParams p;
   p.layer = Layer(layer);
   p.list_slots = list_slots_;
@@ -170,42 +177,40 @@ absl::Status CudaCascade::Import(const std::vector<SelectionLayerState>& states,
       }
     }
   }
-  std::vector<int32_t> tokens(static_cast<size_t>(total_));
+  // Every layer's rings (each sub-cache's oldest entry at its ring's start), as Export reads
+  // them; a dropped layer's are left empty (its next selection restarts it).
+  std::vector<int32_t> tokens(static_cast<size_t>(num_layers_ * total_));
   std::vector<float> ema(tokens.size());
-  std::vector<int64_t> meta(subs * 3);
-  for (size_t l = 0; l < states.size() && static_cast<int64_t>(l) < num_layers_; ++l) {
+  std::vector<int64_t> meta(static_cast<size_t>(num_layers_) * subs * 3);
+  for (size_t l = 0; l < next_.size(); ++l) {
+    const bool kept = l < states.size() && states[l].cascade.capacities() == capacities_;
+    next_[l] = kept ? states[l].cascade.next_token : -1;
+    if (!kept) continue;
     const CascadeCache& c = states[l].cascade;
-    if (c.capacities() != capacities_) {
-      next_[l] = -1;
-      continue;
-    }
-    int64_t base = 0;
+    size_t base = l * static_cast<size_t>(total_);
     for (size_t i = 0; i < subs; ++i) {
       const std::deque<CascadeCache::Entry>& sub = c.sub_cache(static_cast<int64_t>(i));
       for (size_t q = 0; q < sub.size(); ++q) {
-        tokens[static_cast<size_t>(base) + q] = sub[q].token;
-        ema[static_cast<size_t>(base) + q] = sub[q].ema;
+        tokens[base + q] = sub[q].token;
+        ema[base + q] = sub[q].ema;
       }
-      meta[3 * i] = 0;
-      meta[3 * i + 1] = static_cast<int64_t>(sub.size());
-      meta[3 * i + 2] = c.offers(static_cast<int64_t>(i));
-      base += capacities_[i];
+      int64_t* m = meta.data() + (l * subs + i) * 3;
+      m[1] = static_cast<int64_t>(sub.size());
+      m[2] = c.offers(static_cast<int64_t>(i));
+      base += static_cast<size_t>(capacities_[i]);
     }
-    const int64_t layer = static_cast<int64_t>(l);
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(tokens_ + layer * total_, tokens.data(),
-                                               tokens.size() * 4, cudaMemcpyHostToDevice, stream),
-                               "cascade copy"));
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(ema_ + layer * total_, ema.data(), ema.size() * 4,
-                                               cudaMemcpyHostToDevice, stream),
-                               "cascade copy"));
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(meta_ + layer * subs * 3, meta.data(),
-                                               meta.size() * 8, cudaMemcpyHostToDevice, stream),
-                               "cascade copy"));
-    // The host buffers are reused for the next layer.
-    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cascade copy"));
-    next_[l] = c.next_token;
   }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(tokens_, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice, stream),
+      "cascade copy"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(ema_, ema.data(), ema.size() * 4, cudaMemcpyHostToDevice, stream),
+                 "cascade copy"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(meta_, meta.data(), meta.size() * 8, cudaMemcpyHostToDevice, stream),
+      "cascade copy"));
+  // The host vectors go away when this returns.
+  return CudaStatus(cudaStreamSynchronize(stream), "cascade copy");
 }
 
 }  // namespace tokenselect::engine

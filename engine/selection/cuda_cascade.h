@@ -64,6 +64,10 @@ class CudaCascade {
  private:
   CudaCascade(const SelectionOptions& options, int64_t num_layers, int64_t max_tokens);
   kernels::cuda::CascadeLayer Layer(int64_t layer) const;
+  // Whether a selection of `layer` at num_tokens restarts its cache (never selected, or a
+  // rollback), and the first token it pushes (the cache's next token, at least n_init).
+  bool Restarts(int64_t layer, int64_t num_tokens) const;
+  int64_t FirstNew(int64_t layer, int64_t num_tokens) const;
 
   const SelectionOptions options_;
   const int64_t num_layers_;

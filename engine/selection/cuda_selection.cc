@@ -790,26 +790,26 @@ absl::Status CudaSelectionAttention::HeadVotePicks(const CudaAttentionQuery& que
   tk.device_n = device_candidates;
   tk.k = o.k;
   tk.skip = skip;
+  kc::HeadColumnParams cp;
+  cp.column = d.column;
+  cp.logits = d.logits;
+  cp.n = candidates;
+  cp.device_n = device_candidates;
+  cp.num_heads = config_.num_heads;
+  cp.skip = skip;
+  kc::HeadVoteCountParams vp;
+  vp.counts = d.counts;
+  vp.picks = d.head_picks;
+  vp.n = candidates;
+  vp.device_n = device_candidates;
+  vp.k = o.k;
+  vp.skip = skip;
+  tk.out = d.head_picks;
+  tk.scores = d.column;
   for (int64_t h = 0; h < config_.num_heads; ++h) {
-    kc::HeadColumnParams cp;
-    cp.column = d.column;
-    cp.logits = d.logits;
-    cp.n = candidates;
-    cp.device_n = device_candidates;
-    cp.num_heads = config_.num_heads;
     cp.head = h;
-    cp.skip = skip;
     RETURN_IF_ERROR(CudaStatus(kc::HeadLogitColumn(cp, s), "HeadLogitColumn"));
-    tk.out = d.head_picks;
-    tk.scores = d.column;
     RETURN_IF_ERROR(CudaStatus(kc::TopK(tk, s), "TopK"));
-    kc::HeadVoteCountParams vp;
-    vp.counts = d.counts;
-    vp.picks = d.head_picks;
-    vp.n = candidates;
-    vp.device_n = device_candidates;
-    vp.k = o.k;
-    vp.skip = skip;
     RETURN_IF_ERROR(CudaStatus(kc::AddHeadVotes(vp, s), "AddHeadVotes"));
   }
   if (IsSharded(query.tp)) {
@@ -826,8 +826,7 @@ absl::Status CudaSelectionAttention::HeadVotePicks(const CudaAttentionQuery& que
   rp.max_votes = config_.num_heads * tp_size_;
   rp.skip = skip;
   RETURN_IF_ERROR(CudaStatus(kc::HeadVoteRankScores(rp, s), "HeadVoteRankScores"));
-  tk.out = picks;
-  tk.scores = d.column;
+  tk.out = picks;  // over the ranked row, in d.column
   return CudaStatus(kc::TopK(tk, s), "TopK");
 }
 
